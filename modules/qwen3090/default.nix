@@ -1,0 +1,668 @@
+{
+  config,
+  lib,
+  pkgs,
+  utils,
+  ...
+}:
+let
+  inherit (lib) literalExpression mkOption types;
+
+  cfg = config.services.qwen3090;
+  settingsFormat = pkgs.formats.yaml { };
+
+  qwen3090 = lib.getExe cfg.package;
+  staticUser = cfg.user != null && cfg.group != null;
+  # Both units run as the same (dynamic) user so the fetcher's files are the server's files:
+  # systemd shares one dynamic UID between units that name the same User=.
+  userName = if cfg.user != null then cfg.user else "qwen3090";
+  groupName = if cfg.group != null then cfg.group else "qwen3090";
+
+  stateDir = "/var/lib/qwen3090";
+  cacheUnderVarCache = lib.hasPrefix "/var/cache/" cfg.cacheDir;
+  # A wildcard bind address is not something to connect to: scrape and probe loopback.
+  reachableHost =
+    if cfg.host == "0.0.0.0" then
+      "127.0.0.1"
+    else if cfg.host == "::" || cfg.host == "[::]" then
+      "[::1]"
+    else
+      cfg.host;
+
+  # The keys the module owns; the rest of the YAML is `settings`, the knobs of PROFILES.md.
+  ownedKeys = [
+    "profile"
+    "host"
+    "port"
+    "model"
+  ];
+  renderedSettings = lib.filterAttrs (_: v: v != null) cfg.settings // {
+    inherit (cfg) profile host port;
+    model = cfg.modelDir;
+  };
+
+  checkModelArgv = [
+    qwen3090
+    "check"
+    "model"
+    cfg.modelDir
+  ];
+  gateArgv = [
+    qwen3090
+    "gate"
+    "--threshold-mib"
+    cfg.gpuGate.thresholdMiB
+    "--timeout"
+    cfg.gpuGate.timeout
+  ];
+  serveArgv = [
+    qwen3090
+    "serve"
+    "--config"
+    # A string: older nixpkgs' escapeSystemdExecArg takes no derivations.
+    "${cfg.configFile}"
+  ];
+
+  # Hardening shared by every unit here. Each relaxation from the strictest setting says why.
+  hardening = {
+    CapabilityBoundingSet = [ "" ];
+    LockPersonality = true;
+    NoNewPrivileges = true;
+    PrivateTmp = true;
+    PrivateUsers = true;
+    ProtectClock = true;
+    ProtectControlGroups = true;
+    ProtectHome = true;
+    ProtectHostname = true;
+    ProtectKernelLogs = true;
+    ProtectKernelModules = true;
+    ProtectKernelTunables = true;
+    ProtectProc = "invisible";
+    ProcSubset = "pid";
+    ProtectSystem = "strict";
+    RemoveIPC = true;
+    RestrictNamespaces = true;
+    RestrictRealtime = true;
+    RestrictSUIDSGID = true;
+    RestrictAddressFamilies = [
+      "AF_INET"
+      "AF_INET6"
+      "AF_UNIX"
+    ];
+    SystemCallArchitectures = "native";
+    SystemCallFilter = [
+      "@system-service @resources"
+      "~@privileged"
+    ];
+    UMask = "0077";
+  };
+
+  gpuAccess = {
+    # Relaxed: PrivateDevices would hide /dev/nvidia*; DevicePolicy below still closes the
+    # rest of /dev.
+    PrivateDevices = false;
+    DevicePolicy = "closed";
+    DeviceAllow = [
+      "char-nvidiactl"
+      "char-nvidia-caps"
+      # /dev/nvidia0 and friends: without it an RTX 3090 is invisible (nixpkgs issue 331069).
+      "char-nvidia-frontend"
+      "char-nvidia-uvm"
+    ];
+    # Relaxed: torch.compile/inductor, Triton and the driver's PTX JIT map freshly written
+    # code executable; vLLM cannot start under MemoryDenyWriteExecute.
+    MemoryDenyWriteExecute = false;
+    # Relaxed: CUDA pins host buffers (page-locked memory for H2D copies and the KV offload
+    # paths); the default 8 MiB limit makes those allocations fail.
+    LimitMEMLOCK = "infinity";
+    # Relaxed: vLLM and torch read /proc/meminfo, /proc/cpuinfo and /proc/self/* beyond pids.
+    ProcSubset = "all";
+    # Relaxed: the GPU gate names the processes that hold the card (gotcha 2) from
+    # /proc/<pid>; with "invisible" it could report bare pids only.
+    ProtectProc = "default";
+  };
+
+  # Ready means /health answers 200, so units ordered after this one meet a serving model.
+  waitReady = pkgs.writeShellScript "qwen3090-wait-ready" ''
+    url=${lib.escapeShellArg "http://${reachableHost}:${toString cfg.port}/health"}
+    while ! ${lib.getExe pkgs.curl} --silent --fail --max-time 5 --output /dev/null "$url"; do
+      if ! kill -0 "$MAINPID" 2>/dev/null; then
+        echo "qwen3090: the server exited before $url answered" >&2
+        exit 1
+      fi
+      sleep 2
+    done
+  '';
+
+in
+{
+  options.services.qwen3090 = {
+    enable = lib.mkEnableOption "Qwen3.8-27B served by vLLM 0.28.0 on one RTX 3090";
+
+    package = lib.mkPackageOption pkgs "qwen3090" { };
+
+    user = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "qwen3090";
+      description = ''
+        User the server and the model fetcher run as. `null` means a
+        [`DynamicUser`](https://www.freedesktop.org/software/systemd/man/latest/systemd.exec.html#DynamicUser=)
+        named `qwen3090`. A non-null value creates a system user of that name.
+      '';
+    };
+
+    group = mkOption {
+      type = types.nullOr types.str;
+      default = cfg.user;
+      defaultText = literalExpression "config.services.qwen3090.user";
+      example = "qwen3090";
+      description = "Group of {option}`services.qwen3090.user`; only used when that is set.";
+    };
+
+    profile = mkOption {
+      type = types.enum [
+        "single-user"
+        "batch"
+      ];
+      default = "single-user";
+      description = ''
+        Serving profile (PROFILES.md): `single-user` tunes for one conversation with
+        speculative decoding (MTP or DFlash2), `batch` for up to 64 concurrent sequences.
+      '';
+    };
+
+    settings = mkOption {
+      type = types.submodule {
+        freeformType = settingsFormat.type;
+        options = {
+          SPEC = mkOption {
+            type = types.nullOr (
+              types.enum [
+                "mtp"
+                "dflash2"
+                "off"
+              ]
+            );
+            default = null;
+            description = "Speculative decoding in the single-user profile; `null` keeps the default (`mtp`).";
+          };
+          CTX = mkOption {
+            type = types.nullOr (
+              types.enum [
+                "fast"
+                "long"
+                "huge"
+              ]
+            );
+            default = null;
+            description = "Context class of the single-user profile; `null` keeps the default (`fast`).";
+          };
+          KV = mkOption {
+            type = types.nullOr (
+              types.enum [
+                "fp8"
+                "int4pth"
+                "kvarn"
+              ]
+            );
+            default = null;
+            description = "KV-cache layout of the batch profile; `null` keeps the default (`fp8`).";
+          };
+        };
+      };
+      default = { };
+      example = literalExpression ''
+        {
+          SPEC = "dflash2";
+          CTX = "long";
+          DFLASH_TOKENS = 15;
+          PREFIX_CACHE = 1;
+        }
+      '';
+      description = ''
+        The serving knobs of PROFILES.md (`SPEC`, `CTX`, `DFLASH_TOKENS`, `KV_MEM`,
+        `PREFIX_CACHE`, `GPU_UTIL`, `EXTRA_ARGS`, ...), written to the YAML file that
+        `qwen3090 serve --config` reads. Every knob is resolved and validated by that command,
+        exactly as the same knob given in the environment or on its command line; an invalid
+        combination stops the unit with the reason and the fix in the journal.
+        `profile`, `host`, `port` and `model` come from the options of the same names.
+      '';
+    };
+
+    configFile = mkOption {
+      type = types.path;
+      default = settingsFormat.generate "qwen3090.yaml" renderedSettings;
+      defaultText = literalExpression "a YAML file generated from services.qwen3090.settings and the options above";
+      description = ''
+        The settings file passed to `qwen3090 serve --config`. Generated by default; set it
+        to a file of your own to bypass {option}`services.qwen3090.settings`.
+      '';
+    };
+
+    host = mkOption {
+      type = types.str;
+      default = "127.0.0.1";
+      example = "0.0.0.0";
+      description = ''
+        Address the OpenAI-compatible server binds. Anything but loopback without
+        {option}`services.qwen3090.apiKeyFile` serves the model to the network unauthenticated.
+      '';
+    };
+
+    port = mkOption {
+      type = types.port;
+      default = 18020;
+      description = "TCP port of the OpenAI-compatible server.";
+    };
+
+    modelsDir = mkOption {
+      type = types.str;
+      default = "${stateDir}/models";
+      defaultText = literalExpression ''"/var/lib/qwen3090/models"'';
+      description = ''
+        Directory holding the checkpoint directories (`QWEN3090_MODELS_DIR`): where
+        {option}`services.qwen3090.fetchModel` downloads to, and where relative model paths
+        of the settings (a DFlash2 `DRAFT`) resolve.
+      '';
+    };
+
+    modelDir = mkOption {
+      type = types.str;
+      default = "${cfg.modelsDir}/Qwen3.8-27B-W4A16-AutoRound";
+      defaultText = literalExpression ''"''${config.services.qwen3090.modelsDir}/Qwen3.8-27B-W4A16-AutoRound"'';
+      description = ''
+        Directory of the served checkpoint (config.json, safetensors shards, tokenizer.json).
+        Checked by `qwen3090 check model` before every start. Its path must not contain
+        `dflash` (vLLM 0.28.0 picks the speculative method from the model path; gotcha 14).
+      '';
+    };
+
+    apiKeyFile = mkOption {
+      type = types.nullOr (
+        types.pathWith {
+          absolute = true;
+          inStore = false;
+        }
+      );
+      default = null;
+      example = "/run/secrets/qwen3090-api-key";
+      description = ''
+        File holding the API key clients must send. Passed to the unit with systemd's
+        `LoadCredential=`, so the key never enters the Nix store or the unit file; give a
+        string path (a Nix path literal would be copied into the store and is refused).
+      '';
+    };
+
+    environmentFile = mkOption {
+      type = types.nullOr (
+        types.pathWith {
+          absolute = true;
+          inStore = false;
+        }
+      );
+      default = null;
+      example = "/run/secrets/qwen3090.env";
+      description = ''
+        Environment file (systemd `EnvironmentFile=`) for the server, e.g. knobs you keep
+        out of the store. Knobs in the settings file win over the environment.
+      '';
+    };
+
+    environment = mkOption {
+      type = types.attrsOf types.str;
+      default = { };
+      example = {
+        CUDA_VISIBLE_DEVICES = "1";
+      };
+      description = ''
+        Extra environment of the server, merged under the cache and home variables the
+        module sets.
+      '';
+    };
+
+    openFirewall = mkOption {
+      type = types.bool;
+      default = false;
+      description = ''
+        Whether to open {option}`services.qwen3090.port` in the firewall (and the exporter
+        port when the exporter is enabled).
+      '';
+    };
+
+    cacheDir = mkOption {
+      type = types.str;
+      default = "/var/cache/qwen3090";
+      description = ''
+        Base of every persistent cache (`QWEN3090_CACHE_DIR`): the vLLM compile cache, keyed
+        by the build's patch-series digest so a new series never replays an old artifact,
+        and the Triton, inductor, FlashInfer and Hugging Face caches. Under `/var/cache` it
+        is the unit's `CacheDirectory=`; elsewhere it must exist and be writable by the user.
+      '';
+    };
+
+    gpuGate = {
+      enable = mkOption {
+        type = types.bool;
+        default = true;
+        description = ''
+          Wait until the GPU is free and stable before vLLM profiles its memory (gotcha 2):
+          `qwen3090 gate` runs as the first `ExecStartPre=`.
+        '';
+      };
+      thresholdMiB = mkOption {
+        type = types.ints.unsigned;
+        default = 1024;
+        description = "Used GPU memory below this many MiB counts as free.";
+      };
+      timeout = mkOption {
+        type = types.ints.positive;
+        default = 600;
+        description = "Seconds the gate waits for a free GPU before the start fails, naming who holds it.";
+      };
+    };
+
+    startTimeout = mkOption {
+      type = types.ints.positive;
+      default = 1800;
+      description = ''
+        Seconds a start may take after the gate: weight loading plus a cold torch.compile
+        (~180 s on an RTX 3090; ~4 s once the compile cache is warm) plus CUDA-graph capture.
+      '';
+    };
+
+    fetchModel = {
+      enable = lib.mkEnableOption ''
+        a oneshot unit (`qwen3090-fetch-model.service`) that downloads the pinned checkpoints
+        into {option}`services.qwen3090.modelsDir` with huggingface_hub before the server
+        starts, retrying with a bounded exponential back-off
+      '';
+      targets = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [
+          "target"
+          "dflash2-draft"
+        ];
+        description = ''
+          Names of the checkpoints to fetch, from the `models` section of the pins file
+          (`qwen3090 fetch --list`); empty fetches the default ones. Each lands in its own
+          directory under {option}`services.qwen3090.modelsDir`.
+        '';
+      };
+      revisions = mkOption {
+        type = types.attrsOf types.str;
+        default = { };
+        example = {
+          target = "0123456789abcdef0123456789abcdef01234567";
+        };
+        description = ''
+          Revision (commit) per target name, for targets the pins file pins none for, or to
+          override it.
+        '';
+      };
+      tokenFile = mkOption {
+        type = types.nullOr (
+          types.pathWith {
+            absolute = true;
+            inStore = false;
+          }
+        );
+        default = null;
+        description = "File holding a Hugging Face token (gated repositories); passed with `LoadCredential=`.";
+      };
+    };
+
+    exporter = {
+      enable = mkOption {
+        type = types.bool;
+        default = cfg.prometheus.scrape.enable;
+        defaultText = literalExpression "config.services.qwen3090.prometheus.scrape.enable";
+        description = ''
+          Run `qwen3090 exporter` as its own unit: a small chat canary against the server
+          (success, TTFT, decode rate), /health agreement, the build's vLLM version and
+          patch-series digest, on a Prometheus `/metrics` endpoint.
+        '';
+      };
+      port = mkOption {
+        type = types.port;
+        default = 18021;
+        description = "TCP port of the exporter's `/metrics`.";
+      };
+    };
+
+    prometheus.scrape = {
+      enable = lib.mkEnableOption ''
+        scrape jobs in {option}`services.prometheus.scrapeConfigs` for vLLM's `/metrics` and
+        the qwen3090 exporter, and the qwen3090 alerting and recording rules in
+        {option}`services.prometheus.ruleFiles`
+      '';
+      interval = mkOption {
+        type = types.str;
+        default = "15s";
+        description = "Scrape interval of both jobs.";
+      };
+    };
+  };
+
+  config = lib.mkIf cfg.enable {
+    assertions = [
+      {
+        assertion = builtins.all (k: !(cfg.settings ? ${k})) ownedKeys;
+        message = "services.qwen3090.settings must not set ${lib.concatStringsSep ", " ownedKeys}: use services.qwen3090.{profile,host,port,modelDir} instead.";
+      }
+      {
+        assertion = !(lib.hasInfix "dflash" (lib.toLower cfg.modelDir));
+        message = "services.qwen3090.modelDir contains \"dflash\": vLLM 0.28.0 would run the target as a DFlash drafter (gotcha 14); rename the directory.";
+      }
+      {
+        assertion = cfg.prometheus.scrape.enable -> builtins.pathExists ../prometheus/rules.yml;
+        message = "services.qwen3090.prometheus.scrape: the rule file modules/prometheus/rules.yml is missing from this checkout.";
+      }
+    ];
+
+    warnings = lib.optional (
+      cfg.apiKeyFile == null
+      && !(builtins.elem cfg.host [
+        "127.0.0.1"
+        "::1"
+        "localhost"
+      ])
+    ) "services.qwen3090 binds ${cfg.host} without services.qwen3090.apiKeyFile: anyone who can reach port ${toString cfg.port} can use the model.";
+
+    users = lib.mkIf staticUser {
+      users.${cfg.user} = {
+        isSystemUser = true;
+        inherit (cfg) group;
+        home = stateDir;
+      };
+      groups.${cfg.group} = { };
+    };
+
+    systemd.services.qwen3090 = {
+      description = "Qwen3.8-27B on vLLM 0.28.0 (qwen3090, ${cfg.profile} profile)";
+      wantedBy = [ "multi-user.target" ];
+      after = [ "network.target" ] ++ lib.optional cfg.fetchModel.enable "qwen3090-fetch-model.service";
+      requires = lib.optional cfg.fetchModel.enable "qwen3090-fetch-model.service";
+      # A changed settings file or package restarts the server; the compile cache keeps that
+      # restart warm unless the patch series changed.
+      restartTriggers = [
+        cfg.configFile
+        cfg.package
+      ];
+      startLimitBurst = 5;
+      startLimitIntervalSec = 3600;
+
+      environment = cfg.environment // {
+        HOME = stateDir;
+        QWEN3090_MODELS_DIR = cfg.modelsDir;
+        # qwen3090.caches derives every cache path from this base: the vLLM root keyed by the
+        # series digest, inductor, Triton, FlashInfer, tvm-ffi, the CUDA JIT and HF_HOME.
+        QWEN3090_CACHE_DIR = cfg.cacheDir;
+        # Whatever else writes to ~/.cache lands in the cache directory too.
+        XDG_CACHE_HOME = cfg.cacheDir;
+      }
+      // lib.optionalAttrs (cfg.apiKeyFile != null) {
+        # %d is the unit's credentials directory (LoadCredential below); the key itself
+        # stays out of the store, the unit file and the settings file.
+        QWEN3090_API_KEY_FILE = "%d/api-key";
+      };
+
+      serviceConfig =
+        hardening
+        // gpuAccess
+        // lib.optionalAttrs staticUser { Group = cfg.group; }
+        // {
+          Type = "exec";
+          User = userName;
+          DynamicUser = true;
+          StateDirectory = "qwen3090";
+          StateDirectoryMode = "0750";
+          WorkingDirectory = stateDir;
+          ExecStartPre =
+            lib.optional cfg.gpuGate.enable (utils.escapeSystemdExecArgs gateArgv)
+            ++ [ (utils.escapeSystemdExecArgs checkModelArgv) ];
+          ExecStart = utils.escapeSystemdExecArgs serveArgv;
+          ExecStartPost = [ "${waitReady}" ];
+          # vLLM drains in-flight requests and exits 0 on SIGINT; SIGTERM cuts them off.
+          KillSignal = "SIGINT";
+          TimeoutStopSec = 90;
+          TimeoutStartSec = cfg.gpuGate.timeout + cfg.startTimeout;
+          Restart = "on-failure";
+          RestartSec = 30;
+          EnvironmentFile = lib.optional (cfg.environmentFile != null) cfg.environmentFile;
+          LoadCredential = lib.optional (cfg.apiKeyFile != null) "api-key:${cfg.apiKeyFile}";
+        }
+        // (
+          if cacheUnderVarCache then
+            {
+              CacheDirectory = lib.removePrefix "/var/cache/" cfg.cacheDir;
+              CacheDirectoryMode = "0750";
+            }
+          else
+            { ReadWritePaths = [ cfg.cacheDir ]; }
+        );
+    };
+
+    systemd.services.qwen3090-fetch-model = lib.mkIf cfg.fetchModel.enable {
+      description = "Download the qwen3090 checkpoints into ${cfg.modelsDir}";
+      wantedBy = [ "multi-user.target" ];
+      before = [ "qwen3090.service" ];
+      wants = [ "network-online.target" ];
+      after = [ "network-online.target" ];
+      environment = {
+        HOME = stateDir;
+        QWEN3090_MODELS_DIR = cfg.modelsDir;
+        QWEN3090_CACHE_DIR = cfg.cacheDir;
+        XDG_CACHE_HOME = cfg.cacheDir;
+        HF_HUB_DISABLE_TELEMETRY = "1";
+      }
+      // lib.optionalAttrs (cfg.fetchModel.tokenFile != null) {
+        # huggingface_hub reads the token from this file; the token stays out of the store.
+        HF_TOKEN_PATH = "%d/hf-token";
+      };
+      unitConfig = {
+        # A retry that finally succeeds starts the server whose start failed on this unit.
+        OnSuccess = [ "qwen3090.service" ];
+      };
+      serviceConfig =
+        hardening
+        // lib.optionalAttrs staticUser { Group = cfg.group; }
+        // {
+          Type = "oneshot";
+          User = userName;
+          DynamicUser = true;
+          StateDirectory = "qwen3090";
+          StateDirectoryMode = "0750";
+          WorkingDirectory = stateDir;
+          # `qwen3090 fetch` checks each directory first: a complete one costs no network
+          # call, so a reboot with the weights in place does not wait for the Hub.
+          ExecStart = utils.escapeSystemdExecArgs (
+            [
+              qwen3090
+              "fetch"
+            ]
+            ++ cfg.fetchModel.targets
+            ++ [
+              "--dest"
+              cfg.modelsDir
+            ]
+            ++ lib.concatMap (t: [
+              "--revision"
+              "${t}=${cfg.fetchModel.revisions.${t}}"
+            ]) (builtins.attrNames cfg.fetchModel.revisions)
+          );
+          # Bounded exponential back-off: 10 s doubling up to an hour, never giving up.
+          Restart = "on-failure";
+          RestartSec = "10s";
+          RestartSteps = 10;
+          RestartMaxDelaySec = "1h";
+          # A 27B checkpoint over a slow link takes hours; progress, not time, is the limit.
+          TimeoutStartSec = "infinity";
+          LoadCredential = lib.optional (
+            cfg.fetchModel.tokenFile != null
+          ) "hf-token:${cfg.fetchModel.tokenFile}";
+          ReadWritePaths = lib.optional (!lib.hasPrefix "${stateDir}/" cfg.modelsDir) "-${cfg.modelsDir}";
+        }
+        // lib.optionalAttrs cacheUnderVarCache {
+          CacheDirectory = lib.removePrefix "/var/cache/" cfg.cacheDir;
+          CacheDirectoryMode = "0750";
+        };
+    };
+
+    systemd.services.qwen3090-exporter = lib.mkIf cfg.exporter.enable {
+      description = "Prometheus exporter of qwen3090 (chat canary, /health, build and boot facts)";
+      wantedBy = [ "multi-user.target" ];
+      after = [
+        "network.target"
+        "qwen3090.service"
+      ];
+      serviceConfig =
+        hardening
+        // lib.optionalAttrs staticUser { Group = cfg.group; }
+        // {
+          Type = "exec";
+          User = userName;
+          DynamicUser = true;
+          # It talks HTTP to the server and reads the build manifest: no GPU, no JIT.
+          PrivateDevices = true;
+          MemoryDenyWriteExecute = true;
+          ExecStart = utils.escapeSystemdExecArgs (
+            [
+              qwen3090
+              "exporter"
+              "--host"
+              cfg.host
+              "--port"
+              cfg.exporter.port
+              "--vllm-url"
+              "http://${reachableHost}:${toString cfg.port}"
+            ]
+            ++ lib.optionals (cfg.apiKeyFile != null) [
+              # The canary needs the key; systemd puts credentials under this fixed path.
+              "--api-key-file"
+              "/run/credentials/qwen3090-exporter.service/api-key"
+            ]
+          );
+          LoadCredential = lib.optional (cfg.apiKeyFile != null) "api-key:${cfg.apiKeyFile}";
+          Restart = "on-failure";
+          RestartSec = 10;
+        };
+    };
+
+    services.prometheus = lib.mkIf cfg.prometheus.scrape.enable {
+      scrapeConfigs = import ./scrape-configs.nix {
+        inherit (cfg) profile;
+        inherit (cfg.prometheus.scrape) interval;
+        vllmTarget = "${reachableHost}:${toString cfg.port}";
+        exporterTarget =
+          if cfg.exporter.enable then "${reachableHost}:${toString cfg.exporter.port}" else null;
+      };
+      ruleFiles = [ ../prometheus/rules.yml ];
+    };
+
+    networking.firewall = lib.mkIf cfg.openFirewall {
+      allowedTCPPorts = [ cfg.port ] ++ lib.optional cfg.exporter.enable cfg.exporter.port;
+    };
+  };
+}

@@ -1,0 +1,326 @@
+"""services.qwen3090 evaluated with nixpkgs' lib (checks/eval-module.nix): the rendered units.
+
+Needs NIXPKGS_LIB (see nixeval.py); skips with that reason when it is unset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from nixeval import REPO, eval_json, eval_module, eval_module_error, exec_argv
+
+pytestmark = pytest.mark.nix
+
+KEY_PATH = "/run/keys/qwen3090-api-key"
+BASE = f"""{{
+  services.qwen3090 = {{
+    enable = true;
+    apiKeyFile = "{KEY_PATH}";
+    settings = {{ SPEC = "dflash2"; CTX = "long"; DFLASH_TOKENS = 15; PREFIX_CACHE = 1; }};
+  }};
+}}"""
+
+
+@pytest.fixture(scope="module")
+def base() -> dict[str, Any]:
+    return eval_module(BASE)
+
+
+def server(summary: dict[str, Any]) -> dict[str, Any]:
+    unit: dict[str, Any] = summary["units"]["qwen3090"]
+    return unit
+
+
+def test_no_assertion_fails(base: dict[str, Any]) -> None:
+    assert base["failedAssertions"] == []
+
+
+def test_exec_start_pre_runs_the_gate_then_the_model_check(base: dict[str, Any]) -> None:
+    exe = base["storePaths"]["package"] + "/bin/qwen3090"
+    pre = [exec_argv(line) for line in server(base)["serviceConfig"]["ExecStartPre"]]
+    assert pre == [
+        [exe, "gate", "--threshold-mib", "1024", "--timeout", "600"],
+        [exe, "check", "model", "/var/lib/qwen3090/models/Qwen3.8-27B-W4A16-AutoRound"],
+    ]
+
+
+def test_exec_start_serves_the_rendered_config(base: dict[str, Any]) -> None:
+    exe = base["storePaths"]["package"] + "/bin/qwen3090"
+    argv = exec_argv(server(base)["serviceConfig"]["ExecStart"])
+    assert argv == [exe, "serve", "--config", base["configFile"]["path"]]
+
+
+def test_gate_can_be_turned_off() -> None:
+    summary = eval_module("{ services.qwen3090 = { enable = true; gpuGate.enable = false; }; }")
+    pre = [exec_argv(line) for line in server(summary)["serviceConfig"]["ExecStartPre"]]
+    assert [argv[1:3] for argv in pre] == [["check", "model"]]
+
+
+def test_cache_and_home_environment(base: dict[str, Any]) -> None:
+    unit = server(base)
+    env = unit["environment"]
+    sc = unit["serviceConfig"]
+    assert sc["CacheDirectory"] == "qwen3090"
+    assert sc["StateDirectory"] == "qwen3090"
+    # Base directories only: qwen3090.caches keys the vLLM root by the series digest.
+    assert env["QWEN3090_CACHE_DIR"] == "/var/cache/qwen3090"
+    assert env["XDG_CACHE_HOME"] == "/var/cache/qwen3090"
+    assert env["HOME"] == "/var/lib/qwen3090"
+    assert "VLLM_CACHE_ROOT" not in env
+
+
+def test_cache_dir_elsewhere_becomes_a_read_write_path() -> None:
+    summary = eval_module(
+        '{ services.qwen3090 = { enable = true; cacheDir = "/srv/qwen-cache"; }; }'
+    )
+    sc = server(summary)["serviceConfig"]
+    assert "CacheDirectory" not in sc
+    assert sc["ReadWritePaths"] == ["/srv/qwen-cache"]
+    assert server(summary)["environment"]["QWEN3090_CACHE_DIR"] == "/srv/qwen-cache"
+
+
+def test_gpu_stays_reachable_and_relaxations_are_exact(base: dict[str, Any]) -> None:
+    sc = server(base)["serviceConfig"]
+    for device in ("char-nvidiactl", "char-nvidia-caps", "char-nvidia-frontend", "char-nvidia-uvm"):
+        assert device in sc["DeviceAllow"]
+    assert sc["DevicePolicy"] == "closed"
+    assert sc["PrivateDevices"] is False
+    assert sc["MemoryDenyWriteExecute"] is False
+    assert sc["LimitMEMLOCK"] == "infinity"
+    assert sc["KillSignal"] == "SIGINT"
+    assert sc["DynamicUser"] is True
+    assert sc["ProtectSystem"] == "strict"
+    assert sc["CapabilityBoundingSet"] == [""]
+    assert sc["Restart"] == "on-failure"
+    assert server(base)["startLimitBurst"] > 0
+    # The start budget covers the gate's wait plus a cold compile.
+    assert sc["TimeoutStartSec"] >= 600 + 900
+
+
+def test_every_relaxation_is_commented() -> None:
+    text = (REPO / "modules" / "qwen3090" / "default.nix").read_text().splitlines()
+    relaxed = (
+        "PrivateDevices = false;",
+        "MemoryDenyWriteExecute = false;",
+        'LimitMEMLOCK = "infinity";',
+        'ProcSubset = "all";',
+        'ProtectProc = "default";',
+    )
+    for setting in relaxed:
+        (index,) = [i for i, line in enumerate(text) if line.strip() == setting]
+        assert text[index - 1].strip().startswith("#"), f"{setting} has no comment above it"
+
+
+def test_api_key_goes_through_load_credential(tmp_path: Path) -> None:
+    secret = "sk-qwen3090-test-secret-7f3a"
+    key_file = tmp_path / "api-key"
+    key_file.write_text(secret)
+    summary = eval_module(
+        f'{{ services.qwen3090 = {{ enable = true; apiKeyFile = "{key_file}"; }}; }}'
+    )
+    unit = server(summary)
+    assert unit["serviceConfig"]["LoadCredential"] == [f"api-key:{key_file}"]
+    assert unit["environment"]["QWEN3090_API_KEY_FILE"] == "%d/api-key"
+    rendered = json.dumps(summary)
+    assert secret not in rendered
+    # Neither the settings file nor the command line carries the key or its path.
+    assert str(key_file) not in json.dumps(summary["configFile"])
+    assert str(key_file) not in unit["serviceConfig"]["ExecStart"]
+
+
+def test_api_key_as_a_nix_path_is_refused(tmp_path: Path) -> None:
+    key_file = tmp_path / "api-key"
+    key_file.write_text("secret")
+    # A path literal would be copied into the world-readable store: the type refuses it.
+    error = eval_module_error(
+        f"{{ services.qwen3090 = {{ enable = true; apiKeyFile = {key_file}; }}; }}"
+    )
+    assert "apiKeyFile" in error
+    assert "not in the Nix store" in error
+    store_key = "/nix/store/0c4y4z8wklmnpqrsvwxyz0123456789a-key"
+    error = eval_module_error(
+        f'{{ services.qwen3090 = {{ enable = true; apiKeyFile = "{store_key}"; }}; }}'
+    )
+    assert "not in the Nix store" in error
+
+
+def test_without_api_key_no_credential(base: dict[str, Any]) -> None:
+    summary = eval_module("{ services.qwen3090.enable = true; }")
+    unit = server(summary)
+    assert unit["serviceConfig"]["LoadCredential"] == []
+    assert "QWEN3090_API_KEY_FILE" not in unit["environment"]
+
+
+def test_open_firewall_false_opens_nothing(base: dict[str, Any]) -> None:
+    assert base["firewall"]["allowedTCPPorts"] == []
+    assert base["firewall"]["allowedUDPPorts"] == []
+    opened = eval_module(
+        "{ services.qwen3090 = { enable = true; openFirewall = true; port = 18555; }; }"
+    )
+    assert opened["firewall"]["allowedTCPPorts"] == [18555]
+
+
+def test_disabled_module_renders_nothing() -> None:
+    summary = eval_module("{ services.qwen3090.enable = false; }")
+    assert summary["units"] == {}
+    assert summary["firewall"]["allowedTCPPorts"] == []
+
+
+def test_shared_module_assertions_pass_on_this_evaluation() -> None:
+    harness = REPO / "checks" / "eval-module.nix"
+    failures = eval_json(
+        f"let s = (import {harness} {{ inherit lib; configuration = {BASE}; }}).config; in "
+        f"import {REPO}/checks/module-assertions.nix {{ inherit lib; "
+        f'apiKeyFile = "{KEY_PATH}"; units = s.systemd.services; '
+        "firewall = s.networking.firewall; }"
+    )
+    assert failures == []
+
+
+def test_shared_module_assertions_catch_a_bad_unit() -> None:
+    harness = REPO / "checks" / "eval-module.nix"
+    failures = eval_json(
+        f"let s = (import {harness} {{ inherit lib; configuration = {BASE}; }}).config; "
+        "u = s.systemd.services; bad = u // { qwen3090 = u.qwen3090 // { serviceConfig = "
+        'u.qwen3090.serviceConfig // { KillSignal = "SIGTERM"; ExecStartPre = '
+        "lib.reverseList u.qwen3090.serviceConfig.ExecStartPre; }; }; }; in "
+        f"import {REPO}/checks/module-assertions.nix {{ inherit lib; "
+        f'apiKeyFile = "{KEY_PATH}"; units = bad; firewall = s.networking.firewall; }}'
+    )
+    assert any("SIGINT" in f for f in failures)
+    assert any("gate must run first" in f for f in failures)
+
+
+def test_settings_may_not_shadow_the_options() -> None:
+    summary = eval_module(
+        "{ services.qwen3090 = { enable = true; settings.port = 1; }; }"
+    )
+    assert any("must not set" in m for m in summary["failedAssertions"])
+
+
+def test_dflash_in_the_target_path_is_refused() -> None:
+    summary = eval_module(
+        '{ services.qwen3090 = { enable = true; modelDir = "/models/Qwen3.8-27B-DFlash2"; }; }'
+    )
+    assert any("gotcha 14" in m for m in summary["failedAssertions"])
+
+
+def test_non_loopback_without_key_warns() -> None:
+    summary = eval_module('{ services.qwen3090 = { enable = true; host = "0.0.0.0"; }; }')
+    assert any("without services.qwen3090.apiKeyFile" in w for w in summary["warnings"])
+    assert eval_module("{ services.qwen3090.enable = true; }")["warnings"] == []
+
+
+def test_fetch_model_unit_backs_off_and_gates_the_server() -> None:
+    summary = eval_module(
+        "{ services.qwen3090 = { enable = true; fetchModel = { enable = true; "
+        'targets = [ "target" ]; revisions.target = "abc123"; '
+        'tokenFile = "/run/keys/hf"; }; }; }'
+    )
+    fetch = summary["units"]["qwen3090-fetch-model"]
+    sc = fetch["serviceConfig"]
+    assert sc["Type"] == "oneshot"
+    assert sc["Restart"] == "on-failure"
+    assert sc["RestartSteps"] > 1 and sc["RestartMaxDelaySec"]
+    assert exec_argv(sc["ExecStart"])[1:] == [
+        "fetch", "target", "--dest", "/var/lib/qwen3090/models", "--revision", "target=abc123",
+    ]
+    assert sc["LoadCredential"] == ["hf-token:/run/keys/hf"]
+    assert fetch["environment"]["HF_TOKEN_PATH"] == "%d/hf-token"
+    assert sc["User"] == server(summary)["serviceConfig"]["User"]
+    assert "network-online.target" in fetch["after"]
+    assert "qwen3090-fetch-model.service" in server(summary)["requires"]
+    assert "qwen3090-fetch-model.service" in server(summary)["after"]
+    assert fetch["unitConfig"]["OnSuccess"] == ["qwen3090.service"]
+
+
+def test_prometheus_scrape_jobs_and_rules() -> None:
+    summary = eval_module(
+        '{ services.qwen3090 = { enable = true; host = "0.0.0.0"; '
+        "prometheus.scrape.enable = true; }; }"
+    )
+    jobs = {j["job_name"]: j for j in summary["prometheus"]["scrapeConfigs"]}
+    assert jobs["qwen3090-vllm"]["static_configs"][0]["targets"] == ["127.0.0.1:18020"]
+    assert jobs["qwen3090-exporter"]["static_configs"][0]["targets"] == ["127.0.0.1:18021"]
+    (rules,) = summary["prometheus"]["ruleFiles"]
+    assert rules.endswith("modules/prometheus/rules.yml")
+    rules_present = (REPO / "modules" / "prometheus" / "rules.yml").is_file()
+    missing = [m for m in summary["failedAssertions"] if "rules.yml" in m]
+    assert bool(missing) != rules_present
+    exporter = summary["units"]["qwen3090-exporter"]
+    assert exec_argv(exporter["serviceConfig"]["ExecStart"])[1:] == [
+        "exporter", "--host", "0.0.0.0", "--port", "18021", "--vllm-url", "http://127.0.0.1:18020",
+    ]
+
+
+def test_rendered_settings_hold_the_knobs_and_owned_keys(base: dict[str, Any]) -> None:
+    value = base["configFile"]["value"]
+    assert value == {
+        "SPEC": "dflash2",
+        "CTX": "long",
+        "DFLASH_TOKENS": 15,
+        "PREFIX_CACHE": 1,
+        "profile": "single-user",
+        "host": "127.0.0.1",
+        "port": 18020,
+        "model": "/var/lib/qwen3090/models/Qwen3.8-27B-W4A16-AutoRound",
+    }
+
+
+def _plan(args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    exe = shutil.which("qwen3090") or str(Path(sys.executable).parent / "qwen3090")
+    proc = subprocess.run(
+        [exe, "plan", *args, "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def test_rendered_yaml_round_trips_through_plan(tmp_path: Path) -> None:
+    if not (REPO / "python" / "qwen3090" / "commands" / "plan.py").is_file():
+        pytest.skip("`qwen3090 plan` does not exist yet (python/qwen3090/commands/plan.py)")
+    model = tmp_path / "Qwen3.8-27B-W4A16-AutoRound"
+    model.mkdir()
+    summary = eval_module(
+        f'{{ services.qwen3090 = {{ enable = true; modelDir = "{model}"; port = 18555; '
+        'settings = { SPEC = "dflash2"; CTX = "long"; DFLASH_TOKENS = 15; PREFIX_CACHE = 1; }; }; }'
+    )
+    config = tmp_path / "qwen3090.yaml"
+    config.write_text(yaml.safe_dump(summary["configFile"]["value"]))
+    clean = {k: v for k, v in os.environ.items() if not k.isupper() or k in ("PATH", "HOME")}
+    from_file = _plan(["--config", str(config)], clean)
+    from_knobs = _plan(
+        ["--profile", "single-user", "--host", "127.0.0.1", "--port", "18555"],
+        {
+            **clean,
+            "SPEC": "dflash2",
+            "CTX": "long",
+            "DFLASH_TOKENS": "15",
+            "PREFIX_CACHE": "1",
+            "MODEL": str(model),
+        },
+    )
+    assert from_file == from_knobs
+
+
+def test_exporter_gets_the_key_by_credential_not_by_value() -> None:
+    summary = eval_module(
+        f'{{ services.qwen3090 = {{ enable = true; apiKeyFile = "{KEY_PATH}"; '
+        "exporter.enable = true; }; }"
+    )
+    sc = summary["units"]["qwen3090-exporter"]["serviceConfig"]
+    assert sc["LoadCredential"] == [f"api-key:{KEY_PATH}"]
+    argv = exec_argv(sc["ExecStart"])
+    assert argv[argv.index("--api-key-file") + 1] == (
+        "/run/credentials/qwen3090-exporter.service/api-key"
+    )
+    assert sc["PrivateDevices"] is True
