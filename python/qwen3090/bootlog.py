@@ -1,0 +1,148 @@
+"""Boot facts read from a vLLM server log: KV pool, concurrency, compile time and cache state.
+
+These numbers decide how a deployment behaves for its whole life and are printed once, at
+boot: the KV pool in tokens and the concurrency it buys (gotcha 2: a dirty GPU or a cold
+compile cache shrinks the pool silently), the torch.compile time, and whether the compiled
+artifact came from the persistent cache (seeds/004: a cold boot pays minutes). The exporter
+turns them into gauges so a shrunken pool or a lost cache shows on a dashboard.
+
+The line formats are vLLM 0.28.0's (``v1/core/kv_cache_utils.py``, ``v1/engine/core.py``,
+``compilation/backends.py``, ``compilation/decorators.py``, ``compilation/monitor.py``); the
+CPU build prints the same "GPU KV cache size" wording. A log holding several boots (a service
+appending to one file) reports the last boot: each engine start resets the facts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+_BOOT_START = re.compile(r"Initializing a V1 LLM engine \(v(?P<version>[^)\s]+)\)")
+_KV_TOKENS = re.compile(r"GPU KV cache size: (?P<tokens>[\d,]+) tokens")
+_MAX_CONCURRENCY = re.compile(
+    r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<ratio>[\d.]+)x"
+)
+_ENGINE_INIT = re.compile(
+    r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) s"
+    r"(?: \(compilation: (?P<c>[\d.]+) s)?"
+)
+_TORCH_COMPILE = re.compile(r"torch\.compile took (?P<s>[\d.]+) s in total")
+# Evidence that a compiled artifact was loaded instead of built...
+_LOADED = re.compile(
+    r"Directly load the compiled graph\(s\) for compile range"
+    r"|Directly load AOT compilation from path"
+)
+# ...and that something was compiled at this boot (a fresh build saves its AOT artifact).
+_COMPILED = re.compile(
+    r"Compiling a graph for compile range .* takes [\d.]+ s"
+    r"|saved AOT compiled function to"
+)
+# The CPU build of 0.28.0 cannot load its own AOT artifact on a restart ('function' object has
+# no attribute 'finalize_loading') and recompiles: the cache is present but not used.
+_LOAD_FAILED = re.compile(r"Compiling model again due to a load failure")
+
+
+@dataclass(frozen=True)
+class BootFacts:
+    """What one boot's log said; None (or False) for what it did not say."""
+
+    vllm_version: str | None = None
+    kv_cache_tokens: int | None = None
+    max_model_len: int | None = None
+    max_concurrency: float | None = None
+    engine_init_seconds: float | None = None
+    torch_compile_seconds: float | None = None
+    compile_loaded: bool = False
+    compile_compiled: bool = False
+    compile_load_failed: bool = False
+
+    @property
+    def compile_cache_warm(self) -> bool | None:
+        """True: the compiled graphs came from the cache; False: this boot compiled; None:
+        the log says neither (eager mode, or a log cut before compilation)."""
+        if self.compile_compiled or self.compile_load_failed:
+            return False
+        if self.compile_loaded:
+            return True
+        return None
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+class BootLogParser:
+    """Feeds log lines one at a time; ``facts`` is what the latest boot has said so far."""
+
+    def __init__(self) -> None:
+        self.facts = BootFacts()
+        self._compile_from_init: float | None = None
+
+    def feed(self, line: str) -> None:
+        if m := _BOOT_START.search(line):
+            self.facts = BootFacts(vllm_version=m["version"])
+            self._compile_from_init = None
+            return
+        f = self.facts
+        if m := _KV_TOKENS.search(line):
+            f = replace(f, kv_cache_tokens=_int(m["tokens"]))
+        if m := _MAX_CONCURRENCY.search(line):
+            f = replace(f, max_model_len=_int(m["len"]), max_concurrency=float(m["ratio"]))
+        if m := _ENGINE_INIT.search(line):
+            f = replace(f, engine_init_seconds=float(m["s"]))
+            if m["c"] is not None and f.torch_compile_seconds is None:
+                # The same total torch.compile line reports; used only when that line is absent.
+                f = replace(f, torch_compile_seconds=float(m["c"]))
+        if m := _TORCH_COMPILE.search(line):
+            f = replace(f, torch_compile_seconds=float(m["s"]))
+        if _LOADED.search(line):
+            f = replace(f, compile_loaded=True)
+        if _COMPILED.search(line):
+            f = replace(f, compile_compiled=True)
+        if _LOAD_FAILED.search(line):
+            f = replace(f, compile_load_failed=True)
+        self.facts = f
+
+
+def parse_boot_log(text: str) -> BootFacts:
+    """The facts of the last boot in a whole log."""
+    parser = BootLogParser()
+    for line in text.splitlines():
+        parser.feed(line)
+    return parser.facts
+
+
+class BootLogFollower:
+    """Reads a growing server log incrementally (the server keeps appending while it runs).
+
+    A file that shrank was rotated or truncated: it is read again from the start.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._parser = BootLogParser()
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> BootFacts | None:
+        """New lines parsed; the current facts, or None when the file cannot be read."""
+        try:
+            size = self.path.stat().st_size
+            if size < self._offset:
+                self._parser = BootLogParser()
+                self._offset = 0
+                self._partial = b""
+            with self.path.open("rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except OSError:
+            return None
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        # The last element is an unfinished line (or b""): keep it for the next poll.
+        self._partial = lines.pop()
+        for raw in lines:
+            self._parser.feed(raw.decode("utf-8", errors="replace"))
+        return self._parser.facts

