@@ -1,0 +1,41 @@
+"""``qwen3090 check model DIR...``: the completeness check serve runs before vLLM starts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "check",
+        help="check that a model directory can be served",
+        description="Checks that catch, before vLLM starts, what vLLM reports late or wrongly.",
+    )
+    what = p.add_subparsers(dest="check_what", required=True, metavar="WHAT")
+    model = what.add_parser(
+        "model",
+        help="config, every shard, tokenizer (encodes <think>), no 'dflash' in a target path",
+    )
+    model.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    model.add_argument(
+        "--role", choices=("target", "draft"), default="target",
+        help="target: the served model (needs a tokenizer); draft: a drafter (default %(default)s)",
+    )
+    model.set_defaults(func=run_model)
+
+
+def run_model(args: argparse.Namespace) -> int:
+    from qwen3090.modelcheck import check_model_dir
+
+    failed = 0
+    for directory in args.dirs:
+        problems = check_model_dir(directory, args.role)
+        if problems:
+            failed += 1
+            for problem in problems:
+                print(f"FAIL {problem}", file=sys.stderr)
+        else:
+            print(f"ok   {directory} ({args.role})")
+    return 1 if failed else 0
