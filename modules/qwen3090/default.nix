@@ -503,9 +503,10 @@ in
         XDG_CACHE_HOME = cfg.cacheDir;
       }
       // lib.optionalAttrs (cfg.apiKeyFile != null) {
-        # %d is the unit's credentials directory (LoadCredential below); the key itself
+        # The API_KEY_FILE knob of `qwen3090 serve`; %d is the unit's credentials directory
+        # (LoadCredential below), so the key itself
         # stays out of the store, the unit file and the settings file.
-        QWEN3090_API_KEY_FILE = "%d/api-key";
+        API_KEY_FILE = "%d/api-key";
       };
 
       serviceConfig =

@@ -128,7 +128,7 @@ def test_api_key_goes_through_load_credential(tmp_path: Path) -> None:
     )
     unit = server(summary)
     assert unit["serviceConfig"]["LoadCredential"] == [f"api-key:{key_file}"]
-    assert unit["environment"]["QWEN3090_API_KEY_FILE"] == "%d/api-key"
+    assert unit["environment"]["API_KEY_FILE"] == "%d/api-key"
     rendered = json.dumps(summary)
     assert secret not in rendered
     # Neither the settings file nor the command line carries the key or its path.
@@ -156,7 +156,7 @@ def test_without_api_key_no_credential(base: dict[str, Any]) -> None:
     summary = eval_module("{ services.qwen3090.enable = true; }")
     unit = server(summary)
     assert unit["serviceConfig"]["LoadCredential"] == []
-    assert "QWEN3090_API_KEY_FILE" not in unit["environment"]
+    assert "API_KEY_FILE" not in unit["environment"]
 
 
 def test_open_firewall_false_opens_nothing(base: dict[str, Any]) -> None:

