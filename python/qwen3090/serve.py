@@ -19,6 +19,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from qwen3090.capabilities import Capabilities
@@ -70,10 +71,8 @@ def read_api_key(path: str) -> str:
 
 def check_models(plan: ServePlan) -> None:
     """The model/tokenizer checks (``qwen3090.modelcheck``) on every directory vLLM will load."""
-    try:
-        from qwen3090 import modelcheck
-    except ImportError:
-        return
+    from qwen3090 import modelcheck
+
     dirs: list[tuple[Path, str]] = [(Path(plan.model), "target")]
     if plan.draft is not None:
         dirs.append((Path(plan.draft), "draft"))
@@ -86,10 +85,8 @@ def gate_gpu(plan: ServePlan) -> list[str]:
     Returns the gate's warnings; raises when the card does not come free."""
     if plan.device != "cuda":
         return []
-    try:
-        from qwen3090 import gate
-    except ImportError:
-        return []
+    from qwen3090 import gate
+
     report = gate.run_gate(
         gate.default_policy(),
         kv_mem_pinned=plan.flag("--kv-cache-memory-bytes") is not None,
@@ -99,21 +96,61 @@ def gate_gpu(plan: ServePlan) -> list[str]:
     return list(report.warnings)
 
 
+def with_loader(
+    plan: ServePlan, caps: Capabilities, mode: str = "auto"
+) -> tuple[ServePlan, str | None]:
+    """Add the Run:ai streamer arguments when this host's RAM cannot hold the checkpoint
+    beside the engine (gotcha 41), or when ``mode`` is "on"; returns the plan and the reason.
+
+    A runtime fact (available RAM now), so ``serve`` decides it, not ``plan``; a
+    ``--load-format`` the user passed in EXTRA_ARGS always wins."""
+    from qwen3090 import loading
+
+    if mode == "off" or plan.flag("--load-format") is not None:
+        return plan, None
+    total, largest = loading.checkpoint_size(Path(plan.model))
+    args, reason = loading.load_format_args(
+        total,
+        loading.available_ram_bytes(),
+        True if mode == "on" else None,
+        largest_tensor_bytes=largest or None,
+    )
+    if not args:
+        return plan, None
+    problem = loading.streamer_problem()
+    if problem:
+        raise Qwen3090Error(f"{reason}, but {problem}", fix="pip install runai-model-streamer")
+    updated = replace(plan, vllm_args=(*plan.vllm_args, *args))
+    return replace(updated, argv=command_for(updated, caps)), reason
+
+
 def child_env(plan: ServePlan, base: Mapping[str, str]) -> dict[str, str]:
-    """The environment vLLM runs with: the inherited one, the plan's, and the API key."""
+    """The environment vLLM runs with: the inherited one, the cache directories of this build
+    (``qwen3090.caches``; a variable the caller already set wins), the plan's, and the API
+    key."""
+    from qwen3090 import caches
+    from qwen3090.manifest import find_installed_manifest
+
     env = dict(base)
+    for name, value in caches.cache_env(None, find_installed_manifest(), env).items():
+        env.setdefault(name, value)
     env.update(plan.env)
     if plan.api_key_file:
         env["VLLM_API_KEY"] = read_api_key(plan.api_key_file)
     return env
 
 
-def exec_plan(plan: ServePlan, *, gate: bool = True) -> None:
+def exec_plan(
+    plan: ServePlan, caps: Capabilities, *, gate: bool = True, loader: str = "auto"
+) -> None:
     """Run the pre-flight checks, print the plan's warnings, then become vLLM."""
     check_models(plan)
     warnings = list(plan.warnings)
     if gate:
         warnings += gate_gpu(plan)
+    plan, reason = with_loader(plan, caps, loader)
+    if reason:
+        warnings.append(reason)
     env = child_env(plan, os.environ)
     for w in warnings:
         print(f"qwen3090: warning: {w}", file=sys.stderr)
