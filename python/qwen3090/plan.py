@@ -445,6 +445,16 @@ def _single_user(settings: Settings, facts: PlatformFacts, d: Draft, gate: _Gate
             )
     elif s.cudagraph_mode is not None:
         d.cudagraph_mode = s.cudagraph_mode
+    elif spec == "mtp" and d.prefix_cache:
+        # MTP on this architecture runs on vLLM 0.28.0's V1 runner, whose uniform-decode test
+        # is shape-only at every CTX (tests/patches/test_bug_b_regression.py); the corruption
+        # was measured at CTX=huge only, so this warns instead of forcing PIECEWISE.
+        d.warnings.append(
+            f"SPEC=mtp with PREFIX_CACHE=1 at CTX={ctx}: vLLM's V1 runner may replay a FULL "
+            "decode graph for a verify step right after a prefix-cache hit (Bug B, measured at "
+            "CTX=huge); sweep `qwen3090 bench residues` before trusting it, or set "
+            "CUDAGRAPH_MODE=PIECEWISE"
+        )
 
     _kv_mem_warnings(s, facts, d, pinned_default or P.KV_MEM_DEFAULT)
     if s.kv_mem is not None and s.kv_mem != "" and s.gpu_util is not None:

@@ -135,6 +135,18 @@ def test_huge_cudagraph_mode_rule(tmp_path: Path) -> None:
     assert "cudagraph_mode" not in json_flag(dflash, "--compilation-config")
 
 
+def test_mtp_prefix_cache_below_huge_warns_of_the_v1_runner(tmp_path: Path) -> None:
+    for ctx in ("fast", "long"):
+        plan = plan_for({"CTX": ctx, "PREFIX_CACHE": "1"}, cwd=tmp_path)
+        assert _warned(plan.warnings, "Bug B", "V1 runner", f"CTX={ctx}")
+    quiet = [
+        plan_for({"PREFIX_CACHE": "0"}, cwd=tmp_path),
+        plan_for({"PREFIX_CACHE": "1", "CUDAGRAPH_MODE": "PIECEWISE"}, cwd=tmp_path),
+        plan_for({"PREFIX_CACHE": "1", "SPEC": "off"}, cwd=tmp_path),
+    ]
+    assert not any(_warned(p.warnings, "V1 runner") for p in quiet)
+
+
 def test_spec_attn_zero(tmp_path: Path) -> None:
     assert plan_for({"SPEC_ATTN": "0"}, cwd=tmp_path).env["VLLM_SPEC_DECODE_ATTN"] == "0"
     stock = plan_for({"SPEC_ATTN": "0"}, caps=STOCK, cwd=tmp_path)
