@@ -37,11 +37,15 @@ def _tail(path: Path, lines: int = 40) -> str:
 class LocalServer:
     """A started server process; ``base_url`` is ``http://127.0.0.1:PORT``."""
 
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], port: int, log_path: Path, started: float
+    ) -> None:
         self.process = process
         self.port = port
         self.log_path = log_path
         self.base_url = f"http://127.0.0.1:{port}"
+        self.started = started
+        """``time.monotonic()`` just before the process was spawned."""
 
     def health_status(self) -> int | None:
         """The HTTP status of GET /health, or None when nothing answers."""
@@ -53,9 +57,10 @@ class LocalServer:
         except (urllib.error.URLError, OSError):
             return None
 
-    def wait_healthy(self, timeout_s: float) -> float:
-        """Seconds until /health answered 200; raises if the process dies or time runs out."""
-        start = time.monotonic()
+    def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> float:
+        """Seconds from the spawn until /health answered 200 (to ``poll_s``); raises if the
+        process dies or ``timeout_s`` from the spawn runs out."""
+        start = self.started
         while True:
             if self.health_status() == 200:
                 return time.monotonic() - start
@@ -72,7 +77,7 @@ class LocalServer:
                     f"log {self.log_path}:\n{_tail(self.log_path)}",
                     fix="read the log above, or allow a longer timeout",
                 )
-            time.sleep(1.0)
+            time.sleep(poll_s)
 
     def stop(self, grace_s: float = 30.0) -> int | None:
         """Stop the server and every process of its group; returns its exit code."""
@@ -147,6 +152,7 @@ def start_server(
     ``log_path``; returns at once (call ``wait_healthy``)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
+        started = time.monotonic()
         process = subprocess.Popen(
             list(argv),
             env=dict(env),
@@ -155,7 +161,7 @@ def start_server(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return LocalServer(process, port, log_path)
+    return LocalServer(process, port, log_path, started)
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,8 @@ import datetime as dt
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +26,7 @@ from typing import Any
 from qwen3090 import caches
 from qwen3090.bench import report
 from qwen3090.errors import Qwen3090Error
+from qwen3090.localserver import start_server
 
 INIT_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 COMPILE_RES = (
@@ -117,21 +115,6 @@ def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
     return direct + extra
 
 
-def _wait_health(port: int, proc: subprocess.Popen[bytes], t0: float, timeout_s: float) -> float:
-    url = f"http://127.0.0.1:{port}/health"
-    while time.perf_counter() - t0 < timeout_s:
-        if proc.poll() is not None:
-            raise Qwen3090Error(f"the server exited with {proc.returncode} before /health")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return time.perf_counter() - t0
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise Qwen3090Error(f"no /health within {timeout_s:.0f} s")
-
-
 def boot_once(
     args: argparse.Namespace, cache_base: Path, env_extra: Mapping[str, str], log_path: Path
 ) -> tuple[float, BootLog]:
@@ -145,24 +128,10 @@ def boot_once(
         env["PYTHONPATH"] = os.pathsep.join(
             [str(args.vllm_tree)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         )
-    with log_path.open("wb") as log:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            _server_argv(args, args.port),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            health = _wait_health(args.port, proc, t0, args.timeout)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    log_path.unlink(missing_ok=True)
+    with start_server(_server_argv(args, args.port), env, args.port, log_path) as server:
+        # A fine poll: boot-to-health is the figure this benchmark exists for.
+        health = server.wait_healthy(args.timeout, poll_s=0.2)
     return health, parse_boot_log(log_path.read_text(errors="replace"))
 
 

@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from typing import Any
 from qwen3090.bench import report, verbatim
 from qwen3090.bench.client import Client, cache_config_info, cached_tokens
 from qwen3090.errors import Qwen3090Error
+from qwen3090.localserver import LocalServer, start_server
 
 MODULUS = 128
 PAD_UNIT = " the"
@@ -107,41 +105,21 @@ class FreshServer:
         self.port = port
         self.env = dict(env)
         self.log_dir = log_dir
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.server: LocalServer | None = None
 
     def start(self, tag: str, timeout_s: float) -> float:
         argv = shlex.split(self.command.format(port=self.port))
-        log = (self.log_dir / f"server-{tag}.log").open("wb")
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        url = f"http://127.0.0.1:{self.port}/health"
-        while time.perf_counter() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise Qwen3090Error(
-                    f"the fresh server exited with {self.proc.returncode}",
-                    fix=f"see {log.name}",
-                )
-            try:
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return time.perf_counter() - t0
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise Qwen3090Error(f"the fresh server was not healthy in {timeout_s:.0f} s")
+        self.server = start_server(argv, self.env, self.port, self.log_dir / f"server-{tag}.log")
+        try:
+            return self.server.wait_healthy(timeout_s, poll_s=0.5)
+        except Qwen3090Error:
+            self.stop()
+            raise
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
 
 
 def measure(
