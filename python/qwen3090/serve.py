@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -69,14 +70,37 @@ def read_api_key(path: str) -> str:
     return key
 
 
-def check_models(plan: ServePlan) -> None:
-    """The model/tokenizer checks (``qwen3090.modelcheck``) on every directory vLLM will load."""
+def check_models(plan: ServePlan, caps: Capabilities) -> None:
+    """The model/tokenizer checks (``qwen3090.modelcheck``) on every directory vLLM will load,
+    and that this vLLM can import the target's model class at all."""
     from qwen3090 import modelcheck
 
     dirs: list[tuple[Path, str]] = [(Path(plan.model), "target")]
     if plan.draft is not None:
         dirs.append((Path(plan.draft), "draft"))
     modelcheck.require_model_dirs(dirs)
+    check_qwen3_5_imports(Path(plan.model), caps)
+
+
+def check_qwen3_5_imports(model: Path, caps: Capabilities) -> None:
+    """Stock vLLM 0.28.0 imports transformers' torchvision-backed image processor for every
+    Qwen3.5 class, text-only too; without torchvision the server dies ~15 s into its start
+    with a bare ModuleNotFoundError. Say so before starting it."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the model check above owns that failure
+    architectures = config.get("architectures") or []
+    if not any(str(a).startswith("Qwen3_5") for a in architectures):
+        return
+    if caps.has_feature("qwen3_5-text-only") or importlib.util.find_spec("torchvision"):
+        return
+    raise Qwen3090Error(
+        f"{model} is a {architectures[0]} model, which this vLLM imports only together with "
+        "torchvision-backed image processing, and torchvision is not installed",
+        fix="use a vLLM with the qwen3_5-text-only-imports patch (python/dev.sh applies the "
+        "series), or install a torchvision that matches torch",
+    )
 
 
 def gate_gpu(plan: ServePlan) -> list[str]:
@@ -144,7 +168,7 @@ def exec_plan(
     plan: ServePlan, caps: Capabilities, *, gate: bool = True, loader: str = "auto"
 ) -> None:
     """Run the pre-flight checks, print the plan's warnings, then become vLLM."""
-    check_models(plan)
+    check_models(plan, caps)
     warnings = list(plan.warnings)
     if gate:
         warnings += gate_gpu(plan)

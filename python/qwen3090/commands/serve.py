@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan, caps = plan_from_args(args)
     if args.dry_run:
-        check_models(plan)
+        check_models(plan, caps)
         plan, reason = with_loader(plan, caps, args.load_streamer)
         print(describe(plan))
         if reason:

@@ -72,3 +72,23 @@ def test_serve_dry_run_reports_the_streamer(demo_model_dir: Path, tmp_path: Path
     assert out.returncode == 0, out.stderr
     assert "runai_streamer" in out.stdout
     assert "loader: the Run:ai streamer was asked for" in out.stdout
+
+
+def test_a_qwen3_5_model_needs_the_import_patch_without_torchvision(tmp_path: Path) -> None:
+    import importlib.util
+
+    from qwen3090.capabilities import Capabilities
+    from qwen3090.demo_model import write_demo_model
+    from qwen3090.errors import Qwen3090Error
+    from qwen3090.serve import check_qwen3_5_imports
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: stock vLLM imports the Qwen3.5 classes")
+    qwen3_5 = tmp_path / "qwen3_5"
+    write_demo_model(qwen3_5, "qwen3_5")
+    with pytest.raises(Qwen3090Error, match="torchvision"):
+        check_qwen3_5_imports(qwen3_5, STOCK)
+    check_qwen3_5_imports(qwen3_5, Capabilities(features=frozenset({"qwen3_5-text-only"})))
+    qwen3_next = tmp_path / "qwen3_next"
+    write_demo_model(qwen3_next, "qwen3_next")
+    check_qwen3_5_imports(qwen3_next, STOCK)  # not a Qwen3.5 class: nothing to say
