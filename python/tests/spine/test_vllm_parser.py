@@ -51,10 +51,17 @@ def _parses(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namesp
         return None
 
 
-def test_stock_env_table_matches_vllm_envs() -> None:
-    import vllm.envs as envs
+def test_stock_env_table_matches_vllm_envs(pristine_cpu_tree: Path) -> None:
+    # The pristine wheel's tree, not the installed vLLM: python/dev.sh patches that one, and
+    # the series registers the patch-only variables this test proves stock lacks.
+    from patchtrees import run_in_tree
 
-    registered = set(envs.environment_variables)
+    done = run_in_tree(
+        pristine_cpu_tree,
+        "import json, vllm.envs as e; print(json.dumps(sorted(e.environment_variables)))",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    registered = set(json.loads(done.stdout.strip().splitlines()[-1]))
     assert registered >= STOCK_ENV
     assert not (registered & EXTERNAL_ENV)
     # What the table calls patch-only really is absent from stock 0.28.0.
