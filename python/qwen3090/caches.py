@@ -91,7 +91,7 @@ def installed_vllm_version() -> str:
 
 
 def find_manifest() -> BuildIdentity | None:
-    """The installed build's manifest (contract 2), or None when vLLM is stock."""
+    """The installed build's manifest (qwen3090.manifest), or None when vLLM is stock."""
     from qwen3090.manifest import find_installed_manifest
 
     return find_installed_manifest()

@@ -11,7 +11,7 @@ from __future__ import annotations
 JOB_VLLM = "qwen3090-vllm"
 JOB_EXPORTER = "qwen3090-exporter"
 
-# Default ports: the server's comes from the shared contract; the exporter sits beside it.
+# Default ports: the server's is the profiles' PORT default (18020); the exporter sits beside it.
 DEFAULT_SERVER_PORT = 18020
 DEFAULT_EXPORTER_PORT = 18021
 
