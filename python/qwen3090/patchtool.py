@@ -776,7 +776,9 @@ def format_report(report: VerifyReport) -> str:
             out.append(f"{label}  {status}  {f.path}: {f.detail}")
             first = False
         if not bad and len(p.files) > 1:
-            out.append(f"{' ' * width}  {' ' * 14}  (+{len(p.files) - 1} more files, all applied)")
+            more = len(p.files) - 1
+            noun = "file" if more == 1 else "files"
+            out.append(f"{' ' * width}  {' ' * 14}  (+{more} more {noun}, all applied)")
     counts: dict[str, int] = {}
     for p in report.patches:
         counts[p.status] = counts.get(p.status, 0) + 1
