@@ -123,8 +123,8 @@ case "$cmd" in
       export NIXPKGS_LIB=$lib_cache
     fi
     cd "$here"
-    log "ruff"; "$venv/bin/ruff" check qwen3090 tests
-    log "mypy"; "$venv/bin/mypy"
+    log "ruff"; "$venv/bin/ruff" check qwen3090 tests benchmarks
+    log "mypy"; "$venv/bin/mypy" qwen3090 tests benchmarks
     log "pytest"
     set +e
     "$venv/bin/python" -m pytest "$@"

@@ -85,7 +85,7 @@ def test_residues_count_the_templated_length(
     assert ("no prefix-cache hit" in capsys.readouterr().err) is (not armed)
 
     # And the templated count is what the model's own chat template gives, not the raw text.
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, BatchEncoding
 
     tok = AutoTokenizer.from_pretrained(str(demo_model_dir))
     document = DOC[:1600]
@@ -93,6 +93,8 @@ def test_residues_count_the_templated_length(
         residues.messages_for(document, ""), add_generation_prompt=True, tokenize=True,
         return_dict=True,
     )  # fmt: skip
+    # return_dict=True gives a BatchEncoding; the declared return type is a union of every mode.
+    assert isinstance(templated, BatchEncoding)
     base = len(templated["input_ids"])
     raw = len(tok(residues.messages_for(document, "")[0]["content"])["input_ids"])
     assert base > raw

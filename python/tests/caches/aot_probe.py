@@ -31,9 +31,10 @@ def main() -> int:
     example = torch.arange(-4.0, 4.0)
     with torch._dynamo.config.patch(enable_aot_compile=True):
         # Compiled unbound, called with the module first: how vLLM's decorator does it.
-        compiled = torch.compile(Tiny.forward, fullgraph=True, backend=backend).aot_compile(
-            ((model, example), {})
-        )
+        wrapper = torch.compile(Tiny.forward, fullgraph=True, backend=backend)
+        # torch sets aot_compile on the wrapper at runtime (only with enable_aot_compile);
+        # torch.compile is typed as returning the wrapped function's type, which lacks it.
+        compiled = wrapper.aot_compile(((model, example), {}))  # type: ignore[attr-defined]
     compiled.save_compiled_function(path)
 
     config = VllmConfig()

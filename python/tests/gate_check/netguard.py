@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import Any
 
 _log = open(sys.argv[1], "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
 
 
-def _refuse(self: socket.socket, address: Any) -> None:
+def _refuse(self: object, address: object) -> None:
     _log.write(f"{address!r}\n")
     _log.flush()
     raise ConnectionRefusedError(111, "network disabled by the test")
 
 
-def _refuse_ex(self: socket.socket, address: Any) -> int:
+def _refuse_ex(self: object, address: object) -> int:
     _log.write(f"{address!r}\n")
     _log.flush()
     return 111

@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ HERE = Path(__file__).parent
 CLOSED_PORT = 18499  # in this area's port range; asserted closed below
 
 
-def _pins(tmp_path: Path, models: dict[str, object] | None) -> Path:
+def _pins(tmp_path: Path, models: Mapping[str, object] | None) -> Path:
     data: dict[str, object] = {"schema": 1}
     if models is not None:
         data["models"] = models

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -113,7 +115,7 @@ def test_an_exhausted_sequence_is_a_failure() -> None:
 def test_evaluate_stops_reading_once_decided() -> None:
     taken: list[int] = []
 
-    def stream():  # type: ignore[no-untyped-def]
+    def stream() -> Iterator[GpuSample]:
         i = 0
         while True:
             taken.append(i)

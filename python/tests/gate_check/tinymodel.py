@@ -81,10 +81,10 @@ def write_tiny_qwen3(dest: Path, *, shards: int = 3) -> Path:
         tie_word_embeddings=False,
         eos_token_id=eos,
         bos_token_id=eos,
-        torch_dtype="bfloat16",
+        dtype="bfloat16",
     )
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model = Qwen3ForCausalLM(config).bfloat16()
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     # A shard limit a little above total/shards splits the weights over that many files.
     model.save_pretrained(dest, max_shard_size=f"{total // shards // 1000 + 8}KB")

