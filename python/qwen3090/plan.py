@@ -169,18 +169,27 @@ class _Gate:
         self.caps = caps
         self.draft = draft
 
-    def allow(self, need_name: str, value: str, *, knob: str | None, explicit: bool) -> bool:
-        """True: emit it. False: dropped (recorded). Raises when an explicit knob needs it."""
+    def allow(
+        self, need_name: str, value: str, *, knob: str | None, explicit: bool,
+        setting: str | None = None,
+    ) -> bool:
+        """True: emit it. False: dropped (recorded). Raises when an explicit knob needs it.
+
+        ``value`` is what the plan would emit; ``setting`` is the knob's own value when the two
+        differ (CTX=huge selects the KVarN dtype), so the error names what the user typed."""
         need = NEEDS[need_name]
         if self.caps.has(need):
             return True
         if explicit and knob is not None:
-            raise missing_error(need, knob, value, self.caps)
+            raise missing_error(need, knob, value if setting is None else setting, self.caps)
         self.draft.dropped.setdefault(need.feature, []).append(f"{need.name}={value}")
         return False
 
-    def env(self, name: str, value: str, *, knob: str | None, explicit: bool) -> bool:
-        if self.allow(name, value, knob=knob, explicit=explicit):
+    def env(
+        self, name: str, value: str, *, knob: str | None, explicit: bool,
+        setting: str | None = None,
+    ) -> bool:
+        if self.allow(name, value, knob=knob, explicit=explicit, setting=setting):
             self.draft.env[name] = value
             return True
         return False
@@ -279,8 +288,9 @@ def _int8(settings: Settings, d: Draft, gate: _Gate, *, default_on: bool) -> Non
     if layers != ".":
         # Stock vLLM applies VLLM_MARLIN_INPUT_DTYPE to EVERY layer; without the selection
         # patch a default "mlp" would silently become ".", which gotcha 16 says OOMs at 0.972.
-        knob = "INT8_LAYERS" if s.given("INT8_LAYERS") else "INT8_ACT"
-        if not gate.allow("VLLM_MARLIN_INT8_INCLUDE_RE", layers, knob=knob, explicit=explicit):
+        knob, setting = ("INT8_LAYERS", layers) if s.given("INT8_LAYERS") else ("INT8_ACT", act)
+        if not gate.allow("VLLM_MARLIN_INT8_INCLUDE_RE", layers, knob=knob, explicit=explicit,
+                          setting=setting):
             d.warnings.append(
                 f"int8 activations are OFF: INT8_LAYERS={layers} needs the layer-selection "
                 "patch, and stock vLLM would quantize every layer instead (gotcha 16)"
@@ -309,9 +319,9 @@ def _single_user(settings: Settings, facts: PlatformFacts, d: Draft, gate: _Gate
     d.block_size = row.block_size
     if ctx == "huge":
         gate.allow("--kv-cache-dtype=kvarn_k4v2_g128", row.kv_cache_dtype, knob="CTX",
-                   explicit=s.given("CTX"))
+                   explicit=s.given("CTX"), setting=ctx)
         gate.env("KVARN_POOL_MEM_FRAC", row.kvarn_pool_mem_frac or "", knob="CTX",
-                 explicit=s.given("CTX"))
+                 explicit=s.given("CTX"), setting=ctx)
     spec_attn = True if s.spec_attn is None else s.spec_attn
     spec_attn_row = row.spec_decode_attn
     d.warnings += _no_effect(s, ("KV",), "KV chooses the batch profile's cache; single-user "
@@ -504,8 +514,9 @@ def _batch(settings: Settings, facts: PlatformFacts, d: Draft, gate: _Gate) -> N
     d.cudagraph_mode = s.cudagraph_mode
     if kv == "kvarn":
         gate.allow("--kv-cache-dtype=kvarn_k4v2_g128", row.kv_cache_dtype, knob="KV",
-                   explicit=True)
-        gate.env("KVARN_POOL_MEM_FRAC", row.kvarn_pool_mem_frac or "", knob="KV", explicit=True)
+                   explicit=True, setting=kv)
+        gate.env("KVARN_POOL_MEM_FRAC", row.kvarn_pool_mem_frac or "", knob="KV",
+                 explicit=True, setting=kv)
     d.warnings += _no_effect(
         s,
         ("SPEC", "CTX", "DFLASH_TOKENS", "DRAFT_TOKENS", "DFLASH_MAX_LEN", "DRAFT", "LOOKUP",

@@ -265,7 +265,8 @@ def test_explicit_knob_needing_a_missing_patch_is_an_error(
 ) -> None:
     with pytest.raises(Qwen3090Error) as err:
         plan_for(env, cli=cli, caps=STOCK, cwd=tmp_path)
-    assert err.value.message.startswith(f"{knob}=")
+    # The message names the knob with the value the user gave, not the flag it turns into.
+    assert err.value.message.startswith(f"{knob}={env[knob]} ")
     assert capability in err.value.message
     assert err.value.fix
     plan_for(env, cli=cli, caps=FULL, cwd=tmp_path)  # the same knobs plan on a patched build
