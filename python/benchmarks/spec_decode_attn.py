@@ -3,7 +3,8 @@ kernel on verify batches (GQA 24/4, head_size 256, bf16 paged KV, block 16).
 
 Not a test: run it on a GPU with the patched vLLM tree importable::
 
-    python spec_decode_attn.py --tree DIR [--out DIR] [--sweep] [--contexts 1536,16384]
+    python spec_decode_attn.py --tree DIR [--out DIR] [--sweep] [--variants]
+                               [--contexts 1536,16384]
 
 DIR contains the patched ``vllm/``; put a ``vllm-0.28.0.dist-info/METADATA`` beside it where no
 ``vllm`` distribution is installed (vLLM's Triton probe asks importlib.metadata for one).
@@ -12,12 +13,15 @@ Per cell it prints the time of each kernel (median of CUDA-graph replays, each r
 cycling through enough cache copies that L2 holds none of them), the new kernel's achieved
 bandwidth (bytes of K and V read once / time), its share of the HBM floor (those bytes over
 the measured device-to-device copy bandwidth, divided by the time) and the speedup over
-stock. ``--sweep`` first times launch-parameter variants on a few cells.
+stock. ``--sweep`` first times launch-parameter variants on a few cells; ``--variants`` times
+the named kernel variants of VARIANTS side by side (with the compiled split kernel's registers,
+spills and shared memory).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import itertools
 import json
@@ -169,10 +173,14 @@ def new_call(
 ) -> Callable[[], None]:
     sda = env["sda"]
     heads = NUM_KV_HEADS * GROUP
+    overrides = dict(overrides or {})
+    # Diagnostic only: time the split pass alone (its output is left unreduced).
+    split_only = overrides.pop("_split_only", False)
     plan = sda.plan_launch(
-        len(b.kv_lens), b.max_query_len, heads, NUM_KV_HEADS, HEAD_SIZE, ws,
-        **(overrides or {}),
+        len(b.kv_lens), b.max_query_len, heads, NUM_KV_HEADS, HEAD_SIZE, ws, **overrides
     )
+    if split_only:
+        plan = dataclasses.replace(plan, reduce_grid=None)
 
     def call() -> None:
         sda.spec_decode_attention(
@@ -268,8 +276,122 @@ def sweep(
     return rows
 
 
+# Kernel variants compared side by side on the q=16 cells the targets miss and on two
+# cells that already meet them (see the .md): plan_launch overrides per variant.
+VARIANT_CELLS: tuple[tuple[int, int, int], ...] = (
+    (1, 16384, 16), (1, 65536, 16), (1, 131072, 16), (4, 16384, 16),
+    (1, 16384, 8), (1, 131072, 8), (1, 16384, 4),
+)
+VARIANTS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
+    # name: (plan_launch overrides, the verify lengths q it applies to; () = all)
+    "planner": ({}, ()),
+    "no lookahead": ({"bt_lookahead": 0}, ()),
+    "lookahead 2": ({"bt_lookahead": 2}, (16,)),
+    # The launch parameters before the block-table lookahead (first H200 sweep).
+    "earlier n64 s2": ({"bt_lookahead": 0, "tile_n": 64, "num_stages": 2}, (16, 4)),
+    "earlier n32 s2": ({"bt_lookahead": 0, "tile_n": 32, "num_stages": 2}, (8,)),
+    "s3": ({"num_stages": 3}, (16,)),
+    "64 segments": ({"num_segments": 64}, (16,)),
+    "reduce 4 warps": ({"reduce_warps": 4}, (16,)),
+    # 64-row query tiles (two per SM), so q=16 runs as two tiles of 10 and 6 tokens.
+    "64-row tiles": ({"block_m": 64}, (16,)),
+    # Diagnostic: the split pass alone (its output is left unreduced).
+    "split only": ({"_split_only": True}, (16, 8)),
+}
+
+
+class LaunchRecorder:
+    """Stands in for a @triton.jit kernel and keeps the compiled kernel of each launch, so
+    that its registers, spills, shared memory and MMA instructions can be reported."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.last: Any = None
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        launcher = self.kernel[grid]
+
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.last = launcher(*args, **kwargs)
+            return self.last
+
+        return launch
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.kernel, attr)
+
+
+def compiled_info(compiled: Any) -> dict[str, Any]:
+    if compiled is None:
+        return {}
+    info: dict[str, Any] = {
+        "regs": getattr(compiled, "n_regs", None),
+        "spills": getattr(compiled, "n_spills", None),
+        "shared": getattr(getattr(compiled, "metadata", None), "shared", None),
+    }
+    ptx = getattr(compiled, "asm", {}).get("ptx", "")
+    info["wgmma"] = ptx.count("wgmma.mma_async")
+    info["mma_sync"] = ptx.count("mma.sync")
+    return info
+
+
+def variants(env: dict[str, Any], ws: Any, copy_bw: float, out_dir: Path,
+             budget_s: float) -> list[dict[str, Any]]:
+    """Each variant on each VARIANT_CELLS cell: time, % of floor, error against the float32
+    reference and the compiled split kernel's resources."""
+    torch, sda, ref = env["torch"], env["sda"], env["ref"]
+    recorder = LaunchRecorder(sda._spec_decode_split_kernel)
+    sda._spec_decode_split_kernel = recorder
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    cell: Cell | None = None
+    try:
+        for batch, context, q in VARIANT_CELLS:
+            if time.perf_counter() - started > budget_s:
+                print("variants: time budget spent, stopping", flush=True)
+                break
+            if cell is None or (cell.batch, cell.context) != (batch, context):
+                cell = None  # free the previous cell's caches before allocating the next
+                if DEVICE == "cuda":
+                    torch.cuda.empty_cache()
+                cell = Cell(env, batch, context)
+            batches = cell.batches(q)
+            want = ref.reference(batches[0], HEAD_SIZE**-0.5)
+            for name, (cfg, only) in VARIANTS.items():
+                if only and q not in only:
+                    continue
+                outs = [torch.full_like(b.query, float("nan")) for b in batches]
+                try:
+                    calls = [new_call(env, b, o, ws, cfg) for b, o in zip(batches, outs,
+                                                                           strict=True)]
+                    t = _time_graph(torch, calls)
+                except Exception as exc:
+                    rows.append({"batch": batch, "context": context, "q": q,
+                                 "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                    print("variant error", rows[-1], flush=True)
+                    continue
+                err = ref.compare(outs[0], want, batches[0])
+                plan = sda.plan_launch(batch, q, NUM_KV_HEADS * GROUP, NUM_KV_HEADS,
+                                       HEAD_SIZE, ws,
+                                       **{k: v for k, v in cfg.items() if k[0] != "_"})
+                row = {"batch": batch, "context": context, "q": q, "variant": name,
+                       "us": t * 1e6, "pct_floor": 100 * cell.kv_bytes / copy_bw / t,
+                       "rel_err": err["rel_err"], "unwritten": err["unwritten_rows"],
+                       "grid": list(plan.split_grid), "block_m": plan.block_m,
+                       "tile_n": plan.tile_n, "warps": plan.num_warps,
+                       "stages": plan.num_stages, "bt_lookahead": plan.bt_lookahead,
+                       "reduce_warps": plan.reduce_warps,
+                       **compiled_info(recorder.last)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            (out_dir / "variants.json").write_text(json.dumps(rows, indent=1))
+    finally:
+        sda._spec_decode_split_kernel = recorder.kernel
+    return rows
+
+
 def _smoke_setup() -> None:
-    global DEVICE, ROTATE_BYTES, QUERY_LENS, BATCHES, SWEEP_CELLS, SWEEP_SPACE
+    global DEVICE, ROTATE_BYTES, QUERY_LENS, BATCHES, SWEEP_CELLS, SWEEP_SPACE, VARIANT_CELLS
     import os
 
     os.environ["TRITON_INTERPRET"] = "1"
@@ -278,6 +400,7 @@ def _smoke_setup() -> None:
     SWEEP_CELLS = ((1, 64, 4),)
     SWEEP_SPACE = {"tile_n": (32,), "num_warps": (4,), "num_stages": (2,),
                    "num_segments": (2, 4), "min_segment_tokens": (32,)}
+    VARIANT_CELLS = ((1, 64, 16), (1, 64, 4))
 
 
 def main() -> int:
@@ -286,6 +409,9 @@ def main() -> int:
     parser.add_argument("--out", default=".", help="directory for results.json / table.md")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--sweep-budget", type=float, default=240.0, help="seconds")
+    parser.add_argument("--variants", action="store_true",
+                        help="compare the kernel variants of VARIANTS first")
+    parser.add_argument("--variants-budget", type=float, default=300.0, help="seconds")
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--queries", default=",".join(map(str, QUERY_LENS)))
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
@@ -323,6 +449,9 @@ def main() -> int:
     if args.sweep:
         sweep(env, ws, copy_bw, out_dir, args.sweep_budget)
         print(f"sweep took {time.perf_counter() - started:.0f} s", flush=True)
+    if args.variants:
+        variants(env, ws, copy_bw, out_dir, args.variants_budget)
+        print(f"variants took {time.perf_counter() - started:.0f} s", flush=True)
     rows = []
     contexts = [int(c) for c in args.contexts.split(",") if c]
     if not contexts:

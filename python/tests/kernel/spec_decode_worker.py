@@ -36,6 +36,10 @@ CPU_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     ("q22_ctx290_seg2", [22], [290], 2, 16),
     ("ragged_seg4", [8, 1, 5, 0, 22], [600, 1, 260, 40, 22], 4, 16),
     ("ragged_default_blk32", [2, 16, 4], [33, 275, 4], None, 32),
+    # More segments than the reduce pass takes in one chunk (its two-pass path).
+    ("q8_ctx2000_seg128", [8], [2000], 128, 16),
+    # The block table read in the loop rather than a tile ahead (the benchmark's A/B).
+    ("q16_ctx520_seg2_noprefetch", [16], [520], 2, 16),
 ]
 CUDA_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     ("q2_ctx1500", [2], [1500], None, 16),
@@ -162,6 +166,7 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
                     ws,
                     num_segments=segments,
                     min_segment_tokens=1,
+                    bt_lookahead=0 if "noprefetch" in name else 1,
                 )
             out = torch.full_like(batch.query, float("nan"))
             scale = hs**-0.5
@@ -190,6 +195,9 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
                 block_m=used.block_m,
                 block_q=used.block_q,
                 q_tiles=used.q_tiles,
+                tile_n=used.tile_n,
+                num_stages=used.num_stages,
+                bt_lookahead=used.bt_lookahead,
                 seconds=round(elapsed, 3),
             )
             results["kernel"][f"{name}/{dname}"] = row

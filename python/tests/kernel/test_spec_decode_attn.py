@@ -10,6 +10,7 @@ runs the same worker at the model's full shapes where a CUDA GPU is present.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,19 @@ def test_forced_segments_really_split(interp: dict[str, Any]) -> None:
     for key in ("q5_ctx300_seg4/bf16", "q8_ctx700_seg4/bf16", "ragged_seg4/bf16"):
         row = _case(interp, key)
         assert row["split_grid"][2] == 4 and row["reduce_grid"] is not None, row
+    many = _case(interp, "q8_ctx2000_seg128/bf16")
+    assert many["split_grid"][2] == 128 and many["reduce_grid"] is not None, many
+
+
+@pytest.mark.patch
+def test_block_table_prefetch_is_the_default_and_both_paths_ran(interp: dict[str, Any]) -> None:
+    """The planner reads the block table a tile ahead; the in-loop read stays correct for
+    the benchmark's comparison. Tiles of 32 tokens cross 16-token blocks (per-token block
+    lookups) and lie inside 32- and 64-token blocks (one lookup a tile)."""
+    assert _case(interp, "q2_ctx2/bf16")["bt_lookahead"] == 1
+    assert _case(interp, "q16_ctx520_seg2_noprefetch/bf16")["bt_lookahead"] == 0
+    for key in ("q16_ctx520_seg2_blk64/bf16", "ragged_default_blk32/bf16", "q4_ctx37/bf16"):
+        assert _case(interp, key)["tile_n"] == 32, key
 
 
 @pytest.mark.patch
@@ -137,6 +151,42 @@ def test_scratch_sized_once_from_max_num_seqs_times_qmax(interp: dict[str, Any])
 def test_verify_block_beyond_qmax_fails_at_startup(interp: dict[str, Any]) -> None:
     message = interp["dispatch"]["qmax_startup_error"]
     assert message and "VLLM_SPEC_DECODE_ATTN_QMAX=17" in message
+
+
+BENCHMARK = worker.BENCH_DIR / "spec_decode_attn.py"
+
+
+@pytest.mark.patch
+def test_benchmark_variants_run_on_the_interpreter(
+    patched_cpu_tree: Path, tmp_path: Path
+) -> None:
+    """The H200 benchmark's --variants plumbing against the kernel module's current plan
+    fields (its smoke mode: Triton interpreter, tiny contexts), so that device time is never
+    spent discovering a renamed override."""
+    env = {**os.environ, "PYTHONPATH": str(_dist_dir(tmp_path / "dist"))}
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARK), "--tree", str(patched_cpu_tree), "--out",
+         str(tmp_path), "--smoke", "--variants", "--contexts", ""],
+        capture_output=True, text=True, timeout=600, check=False, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "variants.json").read_text())
+    ran = {(r["q"], r["variant"]) for r in rows if "error" not in r}
+    assert [r for r in rows if "error" in r] == []
+    expected = {(q, name) for q in (16, 4) for name, (_cfg, only) in _variants().items()
+                if not only or q in only}
+    assert ran == expected
+    for r in rows:
+        # Every variant but the split-only diagnostic writes every output row.
+        assert (r["unwritten"] == 0) != (r["variant"] == "split only"), r
+
+
+def _variants() -> dict[str, Any]:
+    sys.path.insert(0, str(worker.BENCH_DIR))
+    import spec_decode_attn
+
+    variants: dict[str, Any] = spec_decode_attn.VARIANTS
+    return variants
 
 
 @pytest.mark.gpu
