@@ -227,7 +227,7 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
     }
 
 
-# The cells and launch parameters the planner's defaults were chosen from (see the .md).
+# The first revision's launch-parameter sweep: its cells and the product of these values.
 SWEEP_CELLS: tuple[tuple[int, int, int], ...] = (
     (1, 16384, 8), (1, 16384, 16), (1, 131072, 8), (1, 131072, 16), (1, 65536, 4),
     (4, 16384, 8), (4, 16384, 16),
@@ -241,58 +241,22 @@ SWEEP_SPACE: dict[str, tuple[int, ...]] = {
 }
 
 
-def sweep(
-    env: dict[str, Any], ws: Any, copy_bw: float, out_dir: Path, budget_s: float
-) -> list[dict[str, Any]]:
-    torch = env["torch"]
-    started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    cells: dict[tuple[int, int], Cell] = {}
-    for batch, context, q in SWEEP_CELLS:
-        if time.perf_counter() - started > budget_s:
-            print("sweep: time budget spent, stopping", flush=True)
-            break
-        cell = cells.get((batch, context)) or Cell(env, batch, context)
-        cells[(batch, context)] = cell
-        batches = cell.batches(q)
-        outs = [torch.empty_like(b.query) for b in batches]
-        best: dict[str, Any] | None = None
-        for values in itertools.product(*SWEEP_SPACE.values()):
-            cfg = dict(zip(SWEEP_SPACE, values, strict=True))
-            try:
-                pairs = list(zip(batches, outs, strict=True))
-                t = _time_graph(torch, [new_call(env, b, o, ws, cfg) for b, o in pairs])
-            except Exception as exc:  # too much shared memory for this config, etc.
-                rows.append({"batch": batch, "context": context, "q": q, **cfg,
-                             "error": type(exc).__name__})
-                continue
-            row = {"batch": batch, "context": context, "q": q, **cfg, "us": t * 1e6,
-                   "pct_floor": 100 * cell.kv_bytes / copy_bw / t}
-            rows.append(row)
-            if best is None or row["us"] < best["us"]:
-                best = row
-        print("sweep best", json.dumps(best), flush=True)
-        (out_dir / "sweep.json").write_text(json.dumps(rows, indent=1))
-    return rows
-
-
-# Kernel variants compared side by side on the q=16 cells the targets miss and on two
+# Kernel variants compared side by side on the q=16 cells the targets miss and on three
 # cells that already meet them (see the .md): plan_launch overrides per variant.
 VARIANT_CELLS: tuple[tuple[int, int, int], ...] = (
     (1, 16384, 16), (1, 65536, 16), (1, 131072, 16), (4, 16384, 16),
     (1, 16384, 8), (1, 131072, 8), (1, 16384, 4),
 )
-VARIANTS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
-    # name: (plan_launch overrides, the verify lengths q it applies to; () = all)
+# name: (plan_launch overrides, the verify lengths q it applies to; () = all)
+Configs = dict[str, tuple[dict[str, Any], tuple[int, ...]]]
+VARIANTS: Configs = {
     "planner": ({}, ()),
     "no lookahead": ({"bt_lookahead": 0}, ()),
-    "lookahead 2": ({"bt_lookahead": 2}, (16,)),
     # The launch parameters before the block-table lookahead (first H200 sweep).
     "earlier n64 s2": ({"bt_lookahead": 0, "tile_n": 64, "num_stages": 2}, (16, 4)),
     "earlier n32 s2": ({"bt_lookahead": 0, "tile_n": 32, "num_stages": 2}, (8,)),
     "s3": ({"num_stages": 3}, (16,)),
     "64 segments": ({"num_segments": 64}, (16,)),
-    "reduce 4 warps": ({"reduce_warps": 4}, (16,)),
     # 64-row query tiles (two per SM), so q=16 runs as two tiles of 10 and 6 tokens.
     "64-row tiles": ({"block_m": 64}, (16,)),
     # Diagnostic: the split pass alone (its output is left unreduced).
@@ -335,10 +299,12 @@ def compiled_info(compiled: Any) -> dict[str, Any]:
     return info
 
 
-def variants(env: dict[str, Any], ws: Any, copy_bw: float, out_dir: Path,
-             budget_s: float) -> list[dict[str, Any]]:
-    """Each variant on each VARIANT_CELLS cell: time, % of floor, error against the float32
-    reference and the compiled split kernel's resources."""
+def time_configs(env: dict[str, Any], ws: Any, copy_bw: float, out_path: Path,
+                 budget_s: float, cells: tuple[tuple[int, int, int], ...],
+                 configs: Configs) -> list[dict[str, Any]]:
+    """Each config (plan_launch overrides) on each (batch, context, q) cell it applies to:
+    time, % of floor, error against the float32 reference and the compiled split kernel's
+    resources; rows also written to out_path as they come."""
     torch, sda, ref = env["torch"], env["sda"], env["ref"]
     recorder = LaunchRecorder(sda._spec_decode_split_kernel)
     sda._spec_decode_split_kernel = recorder
@@ -346,9 +312,9 @@ def variants(env: dict[str, Any], ws: Any, copy_bw: float, out_dir: Path,
     rows: list[dict[str, Any]] = []
     cell: Cell | None = None
     try:
-        for batch, context, q in VARIANT_CELLS:
+        for batch, context, q in cells:
             if time.perf_counter() - started > budget_s:
-                print("variants: time budget spent, stopping", flush=True)
+                print(f"{out_path.stem}: time budget spent, stopping", flush=True)
                 break
             if cell is None or (cell.batch, cell.context) != (batch, context):
                 cell = None  # free the previous cell's caches before allocating the next
@@ -357,7 +323,8 @@ def variants(env: dict[str, Any], ws: Any, copy_bw: float, out_dir: Path,
                 cell = Cell(env, batch, context)
             batches = cell.batches(q)
             want = ref.reference(batches[0], HEAD_SIZE**-0.5)
-            for name, (cfg, only) in VARIANTS.items():
+            first = len(rows)
+            for name, (cfg, only) in configs.items():
                 if only and q not in only:
                     continue
                 outs = [torch.full_like(b.query, float("nan")) for b in batches]
@@ -368,7 +335,7 @@ def variants(env: dict[str, Any], ws: Any, copy_bw: float, out_dir: Path,
                 except Exception as exc:
                     rows.append({"batch": batch, "context": context, "q": q,
                                  "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-                    print("variant error", rows[-1], flush=True)
+                    print("error", rows[-1], flush=True)
                     continue
                 err = ref.compare(outs[0], want, batches[0])
                 plan = sda.plan_launch(batch, q, NUM_KV_HEADS * GROUP, NUM_KV_HEADS,
@@ -380,14 +347,25 @@ def variants(env: dict[str, Any], ws: Any, copy_bw: float, out_dir: Path,
                        "grid": list(plan.split_grid), "block_m": plan.block_m,
                        "tile_n": plan.tile_n, "warps": plan.num_warps,
                        "stages": plan.num_stages, "bt_lookahead": plan.bt_lookahead,
-                       "reduce_warps": plan.reduce_warps,
                        **compiled_info(recorder.last)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-            (out_dir / "variants.json").write_text(json.dumps(rows, indent=1))
+            out_path.write_text(json.dumps(rows, indent=1))
+            timed = [r for r in rows[first:] if "us" in r]
+            if timed:
+                print("best", json.dumps(min(timed, key=lambda r: r["us"])), flush=True)
     finally:
         sda._spec_decode_split_kernel = recorder.kernel
     return rows
+
+
+def sweep_configs() -> Configs:
+    """SWEEP_SPACE's product as named configs, applying to every q."""
+    return {
+        " ".join(f"{k}={v}" for k, v in zip(SWEEP_SPACE, values, strict=True)):
+            (dict(zip(SWEEP_SPACE, values, strict=True)), ())
+        for values in itertools.product(*SWEEP_SPACE.values())
+    }
 
 
 def _smoke_setup() -> None:
@@ -447,10 +425,12 @@ def main() -> int:
                            torch.device(DEVICE))
     started = time.perf_counter()
     if args.sweep:
-        sweep(env, ws, copy_bw, out_dir, args.sweep_budget)
+        time_configs(env, ws, copy_bw, out_dir / "sweep.json", args.sweep_budget, SWEEP_CELLS,
+                     sweep_configs())
         print(f"sweep took {time.perf_counter() - started:.0f} s", flush=True)
     if args.variants:
-        variants(env, ws, copy_bw, out_dir, args.variants_budget)
+        time_configs(env, ws, copy_bw, out_dir / "variants.json", args.variants_budget,
+                     VARIANT_CELLS, VARIANTS)
         print(f"variants took {time.perf_counter() - started:.0f} s", flush=True)
     rows = []
     contexts = [int(c) for c in args.contexts.split(",") if c]

@@ -193,13 +193,13 @@ BENCHMARK = worker.BENCH_DIR / "spec_decode_attn.py"
 def test_benchmark_variants_run_on_the_interpreter(
     patched_cpu_tree: Path, tmp_path: Path
 ) -> None:
-    """The H200 benchmark's --variants plumbing against the kernel module's current plan
+    """The H200 benchmark's --sweep and --variants plumbing against the kernel module's plan
     fields (its smoke mode: Triton interpreter, tiny contexts), so that device time is never
     spent discovering a renamed override."""
     env = {**os.environ, "PYTHONPATH": str(_dist_dir(tmp_path / "dist"))}
     proc = subprocess.run(
         [sys.executable, str(BENCHMARK), "--tree", str(patched_cpu_tree), "--out",
-         str(tmp_path), "--smoke", "--variants", "--contexts", ""],
+         str(tmp_path), "--smoke", "--sweep", "--variants", "--contexts", ""],
         capture_output=True, text=True, timeout=600, check=False, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -212,6 +212,8 @@ def test_benchmark_variants_run_on_the_interpreter(
     for r in rows:
         # Every variant but the split-only diagnostic writes every output row.
         assert (r["unwritten"] == 0) != (r["variant"] == "split only"), r
+    swept = json.loads((tmp_path / "sweep.json").read_text())
+    assert len(swept) == 2 and all("us" in r and r["unwritten"] == 0 for r in swept), swept
 
 
 def _variants() -> dict[str, Any]:
