@@ -259,6 +259,9 @@ VARIANTS: Configs = {
     "64 segments": ({"num_segments": 64}, (16,)),
     # 64-row query tiles (two per SM), so q=16 runs as two tiles of 10 and 6 tokens.
     "64-row tiles": ({"block_m": 64}, (16,)),
+    # With the lookahead: 64-token tiles (2 stages, 192 KiB) and a fifth 32-token stage.
+    "n64 s2": ({"tile_n": 64, "num_stages": 2}, (16,)),
+    "s5": ({"num_stages": 5}, (16,)),
     # Diagnostic: the split pass alone (its output is left unreduced).
     "split only": ({"_split_only": True}, (16, 8)),
 }
@@ -400,6 +403,10 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     import spec_decode_ref as ref
     import torch
+
+    if args.smoke:
+        # Without it the interpreter's bf16 dots are meaningless and so is every error.
+        ref.fix_interpreter_bf16_dot()
     from vllm.triton_utils import HAS_TRITON
 
     # Imported by name: the installed (unpatched) vLLM that type checkers see lacks it.

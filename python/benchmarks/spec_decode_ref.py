@@ -162,3 +162,27 @@ def compare(out: torch.Tensor, ref: torch.Tensor, batch: PagedBatch) -> dict[str
     rel = float((finite - want).norm() / want.norm())
     worst = float((finite - want).abs().max())
     return {"rel_err": rel, "max_abs_err": worst, "unwritten_rows": unwritten}
+
+
+def fix_interpreter_bf16_dot() -> None:
+    """Triton's interpreter multiplies bf16 dot operands as their raw uint16 storage
+    (triton/runtime/interpreter.py create_dot only converts 8-bit floats), which makes any
+    bf16 tl.dot meaningless on the CPU. Widen bf16 operands to float32 first; every other
+    bf16 operation of the interpreter (loads, casts, rounding) is left as it is."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder_cls = interpreter.InterpreterBuilder
+    original = builder_cls.create_dot
+
+    def widen(handle: Any) -> Any:
+        if handle.dtype.scalar == tl.bfloat16:
+            bits = handle.data.astype(np.uint32) << 16
+            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+        return handle
+
+    def create_dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
+        return original(self, widen(a), widen(b), d, *args)
+
+    builder_cls.create_dot = create_dot

@@ -63,30 +63,6 @@ def _setup_env(device: str) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
-def _fix_interpreter_bf16_dot() -> None:
-    """Triton's interpreter multiplies bf16 dot operands as their raw uint16 storage
-    (triton/runtime/interpreter.py create_dot only converts 8-bit floats), which makes any
-    bf16 tl.dot meaningless on the CPU. Widen bf16 operands to float32 first; every other
-    bf16 operation of the interpreter (loads, casts, rounding) is left as it is."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    builder_cls = interpreter.InterpreterBuilder
-    original = builder_cls.create_dot
-
-    def widen(handle: Any) -> Any:
-        if handle.dtype.scalar == tl.bfloat16:
-            bits = handle.data.astype(np.uint32) << 16
-            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-        return handle
-
-    def create_dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
-        return original(self, widen(a), widen(b), d, *args)
-
-    builder_cls.create_dot = create_dot
-
-
 class GridRecorder:
     """Stands in for a @triton.jit kernel object and records each launch grid."""
 
@@ -501,7 +477,10 @@ def main() -> int:
     sys.path.insert(0, args.tree)
     started = time.perf_counter()
     if args.device == "cpu" and not args.compile_report:
-        _fix_interpreter_bf16_dot()
+        sys.path.insert(0, str(BENCH_DIR))
+        import spec_decode_ref
+
+        spec_decode_ref.fix_interpreter_bf16_dot()
     from vllm.triton_utils import HAS_TRITON
 
     results: dict[str, Any] = {
