@@ -22,6 +22,9 @@ from types import SimpleNamespace
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+# spec_decode_ref (batches, reference, interpreter fix) lives beside the benchmark; it is
+# imported where needed because it imports torch.
+sys.path.insert(0, str(BENCH_DIR))
 # Created by the patch, so imported by name (type checkers see the unpatched vLLM).
 SDA_MODULE = "vllm.v1.attention.ops.spec_decode_attention"
 
@@ -105,10 +108,8 @@ def record_plans(results: dict[str, Any]) -> None:
 
 
 def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
-    import torch
-
-    sys.path.insert(0, str(BENCH_DIR))
     import spec_decode_ref as ref
+    import torch
     sda = importlib.import_module(SDA_MODULE)
 
     cases = CPU_CASES if device == "cpu" else CUDA_CASES
@@ -186,10 +187,8 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     kernel (3-D grid), env off takes stock unified_attention (2-D grid), both match the
     reference; a prefill-sized batch stays on stock; QMAX is enforced at startup; the
     scratch is allocated once and never replaced."""
-    import torch
-
-    sys.path.insert(0, str(BENCH_DIR))
     import spec_decode_ref as ref
+    import torch
     import vllm.config.vllm as config_mod
     from vllm.v1.attention.backends import triton_attn as ta_mod
 
@@ -477,7 +476,6 @@ def main() -> int:
     sys.path.insert(0, args.tree)
     started = time.perf_counter()
     if args.device == "cpu" and not args.compile_report:
-        sys.path.insert(0, str(BENCH_DIR))
         import spec_decode_ref
 
         spec_decode_ref.fix_interpreter_bf16_dot()
