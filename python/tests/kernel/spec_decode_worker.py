@@ -11,12 +11,14 @@ small shapes); ``--device cuda`` runs the full shapes on a GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -182,11 +184,127 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
             print(f"{name}/{dname}: {row}", flush=True)
 
 
+# A verify batch captured once and replayed with other contexts, as vLLM's full CUDA graphs
+# run uniform decode batches: (query length, KV lengths of three requests), capture first.
+GRAPH_CASES: dict[str, list[tuple[int, list[int]]]] = {
+    "cpu": [(5, [5, 100, 40]), (5, [700, 5, 300]), (5, [260, 520, 64])],
+    "cuda": [(16, [16, 1000, 300]), (16, [20000, 16, 9000]), (16, [4000, 12000, 700])],
+}
+
+
+def static_buffers(batches: list[Any]) -> tuple[Any, Callable[[Any], None]]:
+    """Buffers big enough for every batch (all with the same query lengths) and a loader
+    that copies one batch into them, the way vLLM keeps persistent inputs for its graphs;
+    blocks a smaller batch does not overwrite keep the previous batch's data."""
+    import spec_decode_ref as ref
+    import torch
+
+    first = batches[0]
+    # PagedBatch.kv_cache is the permuted view of a contiguous (blocks, block_size,
+    # kv_heads, 2 * head_size) tensor; the static one is built the same way.
+    raw_shape = first.kv_cache.permute(0, 2, 1, 3).shape
+    blocks = max(b.kv_cache.shape[0] for b in batches)
+    width = max(b.block_table.shape[1] for b in batches)
+    device = first.query.device
+    raw = torch.zeros((blocks, *raw_shape[1:]), dtype=first.kv_cache.dtype, device=device)
+    logical = raw.permute(0, 2, 1, 3)
+    key_cache, value_cache = torch.split(
+        logical.transpose(1, 2), first.key_cache.shape[3], dim=-1
+    )
+    longest = max(max(b.kv_lens) for b in batches)
+    static = ref.PagedBatch(
+        query=first.query.clone(),
+        key_cache=key_cache,
+        value_cache=value_cache,
+        kv_cache=logical,
+        cu_seqlens_q=first.cu_seqlens_q.clone(),
+        seq_lens=first.seq_lens.clone(),
+        block_table=torch.zeros(
+            (len(first.kv_lens), width), dtype=torch.int32, device=device
+        ),
+        query_lens=list(first.query_lens),
+        # Only the metadata's max_seq_len reads these: the longest context, as vLLM
+        # captures with its longest.
+        kv_lens=[longest] * len(first.kv_lens),
+    )
+
+    def load(batch: Any) -> None:
+        if batch.query_lens != static.query_lens:
+            raise ValueError("a captured graph replays one set of query lengths")
+        raw[: batch.kv_cache.shape[0]].copy_(batch.kv_cache.permute(0, 2, 1, 3))
+        static.block_table.zero_()
+        static.block_table[:, : batch.block_table.shape[1]].copy_(batch.block_table)
+        static.seq_lens.copy_(batch.seq_lens)
+        static.query.copy_(batch.query)
+
+    return static, load
+
+
+def check_graph_replay(
+    device: str,
+    impl: Any,
+    metadata: Callable[[Any], Any],
+    layer: Any,
+    launches: list[tuple[str, list[int]]],
+    batches: list[Any],
+    scale: float,
+) -> dict[str, Any]:
+    """Capture impl.forward on the first batch (on the CPU: run it), then replay it with
+    each batch copied into the same buffers; every replay must match that batch's
+    reference, and no replay may need new memory or a new scratch."""
+    import spec_decode_ref as ref
+    import torch
+
+    static, load = static_buffers(batches)
+    load(batches[0])
+    meta = metadata(static)
+    out = torch.full_like(static.query, float("nan"))
+    ws = impl.spec_decode_attn.workspace
+    ptr = ws.part_out.data_ptr()
+
+    def forward() -> None:
+        impl.forward(layer, static.query, None, None, static.kv_cache, meta, out)
+
+    result: dict[str, Any] = {}
+    replay: Callable[[], Any] = forward
+    if device == "cuda":
+        forward()  # compiles the kernels outside the capture
+        torch.cuda.synchronize()
+        del launches[:]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward()
+        replay = graph.replay
+        allocated = torch.cuda.memory_allocated()
+    else:
+        del launches[:]
+        forward()
+    result["captured"] = list(launches)
+    rows = {}
+    for batch in batches:
+        load(batch)
+        out.fill_(float("nan"))
+        replay()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        rows[",".join(map(str, batch.kv_lens))] = ref.compare(
+            out, ref.reference(batch, scale), batch
+        )
+    result["replays"] = rows
+    result["workspace_same"] = (
+        impl.spec_decode_attn.workspace is ws and ws.part_out.data_ptr() == ptr
+    )
+    if device == "cuda":
+        result["allocated_same"] = torch.cuda.memory_allocated() == allocated
+    return result
+
+
 def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     """Through TritonAttentionImpl / FlashAttentionImpl.forward: env on takes the split-KV
     kernel (3-D grid), env off takes stock unified_attention (2-D grid), both match the
     reference; a prefill-sized batch stays on stock; QMAX is enforced at startup; the
-    scratch is allocated once and never replaced."""
+    scratch is allocated once and never replaced; a captured verify batch replays
+    correctly with other contexts (check_graph_replay)."""
     import spec_decode_ref as ref
     import torch
     import vllm.config.vllm as config_mod
@@ -253,7 +371,7 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
         _q_scale=torch.ones((), device=device),
     )
 
-    def run(impl: Any, kind: str, batch: ref.PagedBatch) -> tuple[dict[str, Any], list[Any]]:
+    def metadata(kind: str, batch: ref.PagedBatch) -> Any:
         tokens = sum(batch.query_lens)
         common: dict[str, Any] = dict(
             num_actual_tokens=tokens,
@@ -288,10 +406,13 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
                 mm_prefix_query_range_tensor=None,
                 rswa_prefix_lens=None,
             )
+        return meta
+
+    def run(impl: Any, kind: str, batch: ref.PagedBatch) -> tuple[dict[str, Any], list[Any]]:
         out = torch.full_like(batch.query, float("nan"))
         del launches[:]
         impl.forward(
-            layer, batch.query, None, None, batch.kv_cache, meta, out
+            layer, batch.query, None, None, batch.kv_cache, metadata(kind, batch), out
         )
         row = ref.compare(out, ref.reference(batch, scale), batch)
         return row, list(launches)
@@ -319,6 +440,16 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
             checks[f"{kind}/prefill_on"] = {**row, "launches": grids}
         checks[f"{kind}/workspace_same"] = (
             sdattn.workspace is ws and ws.part_out.data_ptr() == ptr
+        )
+        replays = [
+            ref.make_batch(
+                [q] * 3, lens, kvh, g, hs, 16, torch.bfloat16, device, 201 + i
+            )
+            for i, (q, lens) in enumerate(GRAPH_CASES[device])
+        ]
+        checks[f"{kind}/graph"] = check_graph_replay(
+            device, impl_on, functools.partial(metadata, kind), layer, launches,
+            replays, scale,
         )
     impl_off = make_impl("triton", False)
     checks["triton/off_created"] = impl_off.spec_decode_attn is not None

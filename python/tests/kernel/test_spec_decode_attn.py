@@ -3,8 +3,10 @@
 The checks run in one subprocess (spec_decode_worker.py) against the CPU wheel's tree with
 the whole series applied: the Triton kernels in the interpreter (TRITON_INTERPRET=1) on small
 shapes, compared with a float32 torch reference on random data; the dispatch through
-TritonAttentionImpl / FlashAttentionImpl.forward with launch grids recorded. The ``gpu`` test
-runs the same worker at the model's full shapes where a CUDA GPU is present.
+TritonAttentionImpl / FlashAttentionImpl.forward with launch grids recorded, including one
+verify batch reloaded with other contexts into the same buffers. The ``gpu`` test runs the
+same worker at the model's full shapes where a CUDA GPU is present, and there captures that
+batch in a CUDA graph and replays it.
 """
 
 from __future__ import annotations
@@ -147,6 +149,26 @@ def test_scratch_sized_once_from_max_num_seqs_times_qmax(interp: dict[str, Any])
         assert d[f"{kind}/workspace_same"] is True  # same buffers after every batch
 
 
+def _assert_graph_replays(entry: dict[str, Any], device: str) -> None:
+    """A verify batch captured once (on the CPU: run once) replays with other contexts."""
+    captured = entry["captured"]
+    assert _kernels({"launches": captured}) == ["split", "reduce"], captured
+    assert len(captured[0][1]) == 3 and captured[0][1][2] > 1, captured
+    replays = entry["replays"]
+    assert list(replays) == [",".join(map(str, lens)) for _q, lens in worker.GRAPH_CASES[device]]
+    for lens, row in replays.items():
+        assert row["unwritten_rows"] == 0 and row["rel_err"] < BF16_REL_ERR, (lens, row)
+    assert entry["workspace_same"] is True
+
+
+@pytest.mark.patch
+def test_verify_batch_replays_with_other_contexts(interp: dict[str, Any]) -> None:
+    # Planned and launched from shapes only: the same launch serves every context length
+    # a captured graph later replays at (the CUDA capture itself runs in the gpu test).
+    for kind in ("triton", "flash"):
+        _assert_graph_replays(interp["dispatch"][f"{kind}/graph"], "cpu")
+
+
 @pytest.mark.patch
 def test_verify_block_beyond_qmax_fails_at_startup(interp: dict[str, Any]) -> None:
     message = interp["dispatch"]["qmax_startup_error"]
@@ -239,3 +261,9 @@ def test_full_shapes_on_gpu(request: pytest.FixtureRequest, tmp_path: Path) -> N
     for key, row in results["kernel"].items():
         bound = FP16_REL_ERR if key.endswith("/fp16") else BF16_REL_ERR
         assert row["unwritten_rows"] == 0 and row["rel_err"] < bound, (key, row)
+    # TRITON_ATTN's forward captured into a CUDA graph, replayed at other contexts with no
+    # new allocation (FLASH_ATTN needs vLLM's compiled flash-attn, absent from a source tree).
+    assert "dispatch_import_error" not in results, results["dispatch_import_error"]
+    graph = results["dispatch"]["triton/graph"]
+    _assert_graph_replays(graph, "cuda")
+    assert graph["allocated_same"] is True, graph
