@@ -72,9 +72,7 @@ def make_batch(
         block_table[i, :n] = order[used : used + n]
         used += n
     kv_cache[order[used:].long()] = 64.0
-    # Logical (blocks, kv_heads, block_size, 2*hs) with NHD strides, as vLLM allocates it.
-    logical = kv_cache.permute(0, 2, 1, 3)
-    key_cache, value_cache = torch.split(logical.transpose(1, 2), head_size, dim=-1)
+    logical, key_cache, value_cache = paged_views(kv_cache, head_size)
     return with_queries(
         PagedBatch(
             query=torch.empty(0),
@@ -91,6 +89,17 @@ def make_batch(
         num_kv_heads * group,
         seed + 7919,
     )
+
+
+def paged_views(
+    raw: torch.Tensor, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From a contiguous (blocks, block_size, kv_heads, 2*head_size) tensor: the logical
+    (blocks, kv_heads, block_size, 2*hs) view with NHD strides, as vLLM allocates it, and
+    the K and V views the kernels are given."""
+    logical = raw.permute(0, 2, 1, 3)
+    key_cache, value_cache = torch.split(logical.transpose(1, 2), head_size, dim=-1)
+    return logical, key_cache, value_cache
 
 
 def with_queries(

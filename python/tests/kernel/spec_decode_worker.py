@@ -200,17 +200,14 @@ def static_buffers(batches: list[Any]) -> tuple[Any, Callable[[Any], None]]:
     import torch
 
     first = batches[0]
-    # PagedBatch.kv_cache is the permuted view of a contiguous (blocks, block_size,
-    # kv_heads, 2 * head_size) tensor; the static one is built the same way.
+    # PagedBatch.kv_cache is a view of a contiguous (blocks, block_size, kv_heads,
+    # 2 * head_size) tensor (ref.paged_views); the static one is built the same way.
     raw_shape = first.kv_cache.permute(0, 2, 1, 3).shape
     blocks = max(b.kv_cache.shape[0] for b in batches)
     width = max(b.block_table.shape[1] for b in batches)
     device = first.query.device
     raw = torch.zeros((blocks, *raw_shape[1:]), dtype=first.kv_cache.dtype, device=device)
-    logical = raw.permute(0, 2, 1, 3)
-    key_cache, value_cache = torch.split(
-        logical.transpose(1, 2), first.key_cache.shape[3], dim=-1
-    )
+    logical, key_cache, value_cache = ref.paged_views(raw, first.key_cache.shape[3])
     longest = max(max(b.kv_lens) for b in batches)
     static = ref.PagedBatch(
         query=first.query.clone(),
@@ -421,6 +418,10 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
         [8, 5, 16], [600, 290, 1000], kvh, g, hs, 16, torch.bfloat16, device, 101
     )
     prefill = ref.make_batch([40, 3], [300, 50], kvh, g, hs, 16, torch.bfloat16, device, 102)
+    replays = [
+        ref.make_batch([q] * 3, lens, kvh, g, hs, 16, torch.bfloat16, device, 201 + i)
+        for i, (q, lens) in enumerate(GRAPH_CASES[device])
+    ]
     for kind in kinds:
         impl_on = make_impl(kind, True)
         sdattn = impl_on.spec_decode_attn
@@ -441,12 +442,6 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
         checks[f"{kind}/workspace_same"] = (
             sdattn.workspace is ws and ws.part_out.data_ptr() == ptr
         )
-        replays = [
-            ref.make_batch(
-                [q] * 3, lens, kvh, g, hs, 16, torch.bfloat16, device, 201 + i
-            )
-            for i, (q, lens) in enumerate(GRAPH_CASES[device])
-        ]
         checks[f"{kind}/graph"] = check_graph_replay(
             device, impl_on, functools.partial(metadata, kind), layer, launches,
             replays, scale,
