@@ -134,6 +134,17 @@ def with_queries(
     )
 
 
+def poison_tail(batch: PagedBatch) -> None:
+    """NaN in K and V of the slots past each request's length in its last block: a kernel
+    may load them but must never let them into a result (p = 0 does not cancel NaN)."""
+    block_size = batch.key_cache.shape[1]
+    for s, kv_len in enumerate(batch.kv_lens):
+        if kv_len % block_size:
+            block = int(batch.block_table[s, (kv_len - 1) // block_size])
+            batch.key_cache[block, kv_len % block_size :] = float("nan")
+            batch.value_cache[block, kv_len % block_size :] = float("nan")
+
+
 def reference(batch: PagedBatch, scale: float) -> torch.Tensor:
     """Causal paged attention in float32: row i of a request with KV length c and query
     length q sees keys [0, c - q + i]."""

@@ -29,6 +29,7 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH_DIR))
 # Created by the patch, so imported by name (type checkers see the unpatched vLLM).
 SDA_MODULE = "vllm.v1.attention.ops.spec_decode_attention"
+HOPPER_MODULE = "vllm.v1.attention.ops.spec_decode_attention_hopper"
 
 # (name, query lens, KV lens, segments or None for the planner's choice, block size).
 # Interpreter shapes: 2 kv heads x G=6, head_size 64; one case at the model's 24/4/256.
@@ -46,6 +47,8 @@ CPU_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     ("q8_ctx2000_seg128", [8], [2000], 128, 16),
     # The block table read in the loop rather than a tile ahead (the benchmark's A/B).
     ("q16_ctx520_seg2_noprefetch", [16], [520], 2, 16),
+    # NaN in the cache slots past each request's length (never read as a value).
+    ("ragged_nan_tail", [5, 16], [77, 300], None, 16),
 ]
 CUDA_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     ("q2_ctx1500", [2], [1500], None, 16),
@@ -58,6 +61,10 @@ CUDA_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     ("q16_ctx128k", [16], [131072], None, 16),
     ("ragged", [8, 1, 5, 0, 22, 16], [20000, 1, 2600, 40, 22, 777], None, 16),
     ("batch4_q8_ctx16k", [8, 8, 8, 8], [16384, 16000, 9000, 33], None, 16),
+    # NaN in the slots past each request's length: the Hopper kernel loads whole blocks
+    # with TMA and must zero those V rows (0 * NaN is NaN in P @ V).
+    ("ragged_nan_tail", [16, 3, 8], [9001, 35, 70001], None, 16),
+    ("q16_ctx65541_nan_tail_blk64", [16], [65541], None, 64),
 ]
 
 
@@ -89,22 +96,26 @@ def record_plans(results: dict[str, Any]) -> None:
     import torch
     sda = importlib.import_module(SDA_MODULE)
 
-    # An H200 (132 SMs, 227 KiB shared memory a program) and an RTX 3090 (82, 99 KiB).
-    for card, sms, smem in (("h200", 132, 227 << 10), ("rtx3090", 82, 99 << 10)):
+    # An H200 (132 SMs, 227 KiB shared memory a program) with the Hopper split pass and
+    # without it (a Triton without Gluon), and an RTX 3090 (82, 99 KiB).
+    for card, sms, smem, hopper in (
+        ("h200", 132, 227 << 10, True),
+        ("h200-triton", 132, 227 << 10, False),
+        ("rtx3090", 82, 99 << 10, False),
+    ):
         ws = sda.SpecDecodeWorkspace(
-            64, 24, 256, torch.device("cpu"), num_sms=sms, max_shared_mem=smem
+            64, 24, 256, torch.device("cpu"), num_sms=sms, max_shared_mem=smem, hopper=hopper
         )
         plans = results["plans"].setdefault(card, {})
         for q in range(2, 65):
             plan = sda.plan_launch(1, q, 24, 4, 256, ws)
             plans[str(q)] = {
+                "kernel": plan.kernel,
                 "block_m": plan.block_m,
                 "block_q": plan.block_q,
                 "q_tiles": plan.q_tiles,
                 "num_segments": plan.num_segments,
-                "smem_estimate": sda._smem_estimate(
-                    plan.block_m, plan.tile_n, plan.num_stages, 256
-                ),
+                "smem_estimate": sda.plan_smem(plan, 256),
                 "smem": smem,
             }
 
@@ -116,6 +127,15 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
 
     cases = CPU_CASES if device == "cpu" else CUDA_CASES
     kv_heads, group, head_size = (2, 6, 64) if device == "cpu" else (4, 6, 256)
+    hopper = sda.hopper_available(torch.device(device))
+    results["hopper_available"] = hopper
+    if device == "cuda":
+        results["device"] = {
+            "name": torch.cuda.get_device_name(),
+            "capability": list(torch.cuda.get_device_capability()),
+        }
+    # Where the planner picks the Hopper kernel, every case also runs the Triton one.
+    kernels: list[str | None] = [None, "triton"] if hopper else [None]
     full_shape = ("model_shape_q8", [8], [300], 4, 16)
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     for seed, (name, qlens, kvlens, segments, block_size) in enumerate(
@@ -126,6 +146,8 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
             if dname == "fp16" and name not in ("q8_ctx700_seg4", "q8_ctx64k"):
                 continue  # one fp16 case is enough to show the kernel is dtype-generic
             batch = ref.make_batch(qlens, kvlens, kvh, g, hs, block_size, dtype, device, seed)
+            if "nan_tail" in name:
+                ref.poison_tail(batch)
             heads = kvh * g
             ws = sda.SpecDecodeWorkspace(
                 max_tokens=len(qlens) * max(qlens),
@@ -133,55 +155,68 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
                 head_size=hs,
                 device=torch.device(device),
                 num_sms=8 if device == "cpu" else 132,
+                hopper=hopper,
             )
-            plan = None
-            if segments is not None:
-                # Short segments so that the small contexts span several of them.
-                plan = sda.plan_launch(
-                    len(qlens),
-                    max(qlens),
-                    heads,
-                    kvh,
-                    hs,
-                    ws,
-                    num_segments=segments,
-                    min_segment_tokens=1,
-                    bt_lookahead=0 if "noprefetch" in name else 1,
+            for kernel in kernels:
+                key = f"{name}/{dname}" + (f"/{kernel}" if kernel else "")
+                results["kernel"][key] = run_case(
+                    sda, ref, batch, ws, kernel, segments, "noprefetch" in name, qlens, kvlens,
+                    dname,
                 )
-            out = torch.full_like(batch.query, float("nan"))
-            scale = hs**-0.5
-            t0 = time.perf_counter()
-            used = sda.spec_decode_attention(
-                batch.query,
-                batch.key_cache,
-                batch.value_cache,
-                out,
-                batch.cu_seqlens_q,
-                batch.seq_lens,
-                batch.block_table,
-                batch.max_query_len,
-                scale,
-                ws,
-                plan,
-            )
-            elapsed = time.perf_counter() - t0
-            row = ref.compare(out, ref.reference(batch, scale), batch)
-            row.update(
-                query_lens=qlens,
-                kv_lens=kvlens,
-                dtype=dname,
-                split_grid=list(used.split_grid),
-                reduce_grid=list(used.reduce_grid) if used.reduce_grid else None,
-                block_m=used.block_m,
-                block_q=used.block_q,
-                q_tiles=used.q_tiles,
-                tile_n=used.tile_n,
-                num_stages=used.num_stages,
-                bt_lookahead=used.bt_lookahead,
-                seconds=round(elapsed, 3),
-            )
-            results["kernel"][f"{name}/{dname}"] = row
-            print(f"{name}/{dname}: {row}", flush=True)
+                print(f"{key}: {results['kernel'][key]}", flush=True)
+
+
+def run_case(
+    sda: Any, ref: Any, batch: Any, ws: Any, kernel: str | None, segments: int | None,
+    no_prefetch: bool, qlens: list[int], kvlens: list[int], dname: str,
+) -> dict[str, Any]:
+    """One batch through spec_decode_attention against the float32 reference."""
+    import torch
+
+    heads, hs = batch.query.shape[1], batch.query.shape[2]
+    kvh = batch.num_kv_heads
+    overrides: dict[str, Any] = {} if kernel is None else {"kernel": kernel}
+    if segments is not None:
+        # Short segments so that the small contexts span several of them.
+        overrides.update(num_segments=segments, min_segment_tokens=1,
+                         bt_lookahead=0 if no_prefetch else 1)
+    plan = None
+    if overrides:
+        plan = sda.plan_launch(len(qlens), max(qlens), heads, kvh, hs, ws, **overrides)
+    out = torch.full_like(batch.query, float("nan"))
+    scale = hs**-0.5
+    t0 = time.perf_counter()
+    used = sda.spec_decode_attention(
+        batch.query,
+        batch.key_cache,
+        batch.value_cache,
+        out,
+        batch.cu_seqlens_q,
+        batch.seq_lens,
+        batch.block_table,
+        batch.max_query_len,
+        scale,
+        ws,
+        plan,
+    )
+    elapsed = time.perf_counter() - t0
+    row: dict[str, Any] = ref.compare(out, ref.reference(batch, scale), batch)
+    row.update(
+        query_lens=qlens,
+        kv_lens=kvlens,
+        dtype=dname,
+        kernel=used.kernel,
+        split_grid=list(used.split_grid),
+        reduce_grid=list(used.reduce_grid) if used.reduce_grid else None,
+        block_m=used.block_m,
+        block_q=used.block_q,
+        q_tiles=used.q_tiles,
+        tile_n=used.tile_n,
+        num_stages=used.num_stages,
+        bt_lookahead=used.bt_lookahead,
+        seconds=round(elapsed, 3),
+    )
+    return row
 
 
 # A verify batch captured once and replayed with other contexts, as vLLM's full CUDA graphs
@@ -328,6 +363,10 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     sda._spec_decode_reduce_kernel = GridRecorder(
         sda._spec_decode_reduce_kernel, launches, "reduce"
     )
+    if sda.hopper_available(torch.device(device)):
+        # The Hopper split pass is the split pass on an sm_90 GPU: recorded as such.
+        hopper: Any = importlib.import_module(HOPPER_MODULE)
+        hopper._ws_split_kernel = GridRecorder(hopper._ws_split_kernel, launches, "split")
     tua.kernel_unified_attention = GridRecorder(tua.kernel_unified_attention, launches, "stock")
     tua.reduce_segments = GridRecorder(tua.reduce_segments, launches, "stock_reduce")
 
@@ -433,6 +472,7 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
         checks[f"{kind}/workspace_max_tokens"] = ws.max_tokens
         row, grids = run(impl_on, kind, verify)
         checks[f"{kind}/verify_on"] = {**row, "launches": grids}
+        checks[f"{kind}/split_kernel"] = sdattn.last_plan.kernel
         if kind == "triton":
             small = ref.make_batch([2], [3], kvh, g, hs, 16, torch.bfloat16, device, 103)
             row, grids = run(impl_on, kind, small)
@@ -467,8 +507,13 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     print(json.dumps(checks, indent=1, default=str), flush=True)
 
 
-# (card, compute capability, SMs, shared memory a program may opt into) for the offline builds.
-COMPILE_TARGETS = (("h200", 90, 132, 227 << 10), ("rtx3090", 86, 82, 99 << 10))
+# (card, compute capability, SMs, shared memory a program may opt into, Hopper split pass)
+# for the offline builds: the H200 with its warp-specialised kernel and with the Triton one.
+COMPILE_TARGETS = (
+    ("h200", 90, 132, 227 << 10, True),
+    ("h200-triton", 90, 132, 227 << 10, False),
+    ("rtx3090", 86, 82, 99 << 10, False),
+)
 COMPILE_QUERY_LENS = (4, 8, 16)
 
 
@@ -498,11 +543,61 @@ def _ptxas_report(ptx: str, arch: str, workdir: Path) -> tuple[int | None, int |
     return None, None
 
 
+def _compile_hopper(sda: Any, plan: Any, heads: int, kv_heads: int, head_size: int,
+                    block_size: int) -> Any:
+    """The Gluon split pass of a Hopper plan, compiled for sm_90a with the arguments a
+    launch passes (TMA descriptors of the plan's boxes over bf16 caches)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    hopper = importlib.import_module(HOPPER_MODULE)
+    fn = hopper._ws_split_kernel
+    box = hopper.box_tokens(block_size, plan.tile_n)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    signature: dict[str, str] = {}
+    for name in fn.arg_names:
+        if name.startswith("part_"):
+            signature[name] = "*fp32"
+        elif name == "q_ptr":
+            signature[name] = "*bf16"
+        elif name.endswith("_desc"):
+            signature[name] = f"tensordesc<bf16[{box}, 64],{layout!r}>"
+        elif name.endswith("_ptr"):
+            signature[name] = "*i32"
+        elif name == "qk_scale":
+            signature[name] = "fp32"
+        elif name.startswith("stride_q") or name == "stride_bt":
+            signature[name] = "i64"
+        elif name in ("min_seg_tokens", "max_q", "rows_per_block", "stride_kv_head"):
+            signature[name] = "i32"
+        else:
+            signature[name] = "constexpr"
+    constexprs = {
+        "NUM_HEADS": heads, "G": heads // kv_heads, "BLOCK_SIZE": block_size,
+        "WG_Q": plan.wg_q, "NUM_WG": plan.num_wg, "Q_TILES": plan.q_tiles,
+        "TILE_N": plan.tile_n, "BOX_T": box, "NUM_SEGMENTS": plan.num_segments,
+        "STAGES": plan.num_stages, "NCH": head_size // 64,
+    }
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name.endswith("_ptr")}
+    source = GluonASTSource(
+        fn, signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
+    )
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": hopper.MAXNREG})
+
+
 def compile_report(results: dict[str, Any], workdir: Path) -> None:
     """The split kernel as the planner launches it, compiled ahead of time for an H200
-    (sm_90a) and an RTX 3090 (sm_86) by the installed Triton and its ptxas: no GPU needed.
-    Records the shared memory Triton allocates (what a launch is checked against), the
-    registers and spilled bytes a thread, and which MMA instructions it uses."""
+    (sm_90a: the warp-specialised Gluon kernel and the Triton one) and an RTX 3090 (sm_86)
+    by the installed Triton and its ptxas: no GPU needed. Records the shared memory Triton
+    allocates (what a launch is checked against), the registers and spilled bytes a thread,
+    and which MMA, TMA and register-reallocation instructions it uses."""
+    import re
+
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -535,12 +630,30 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
         if name.endswith("_ptr") or (name.startswith("stride") and name != "stride_bt")
     }
     report: dict[str, Any] = {"triton": triton.__version__}
-    for card, cap, sms, smem in COMPILE_TARGETS:
+    for card, cap, sms, smem, hopper in COMPILE_TARGETS:
         ws = sda.SpecDecodeWorkspace(
-            64, heads, head_size, torch.device("cpu"), num_sms=sms, max_shared_mem=smem
+            64, heads, head_size, torch.device("cpu"), num_sms=sms, max_shared_mem=smem,
+            hopper=hopper,
         )
         for q in COMPILE_QUERY_LENS:
             plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws)
+            if plan.kernel == "hopper":
+                compiled = _compile_hopper(sda, plan, heads, kv_heads, head_size, block_size)
+                ptx = compiled.asm["ptx"]
+                regs, spill = _ptxas_report(ptx, "sm_90a", workdir)
+                row = {
+                    "kernel": plan.kernel, "num_wg": plan.num_wg, "tile_n": plan.tile_n,
+                    "num_stages": plan.num_stages, "smem_estimate": sda.plan_smem(plan, head_size),
+                    "smem_limit": smem, "shared": compiled.metadata.shared, "regs": regs,
+                    "spill_bytes": spill, "wgmma": ptx.count("wgmma.mma_async"),
+                    "mma_sync": ptx.count("mma.sync"),
+                    "tma_loads": ptx.count("cp.async.bulk.tensor"),
+                    "setmaxnreg": sorted({int(n) for n in re.findall(
+                        r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+                }
+                report[f"{card}/q{q}"] = row
+                print(f"{card}/q{q}: {row}", flush=True)
+                continue
             constexprs = {
                 "NUM_HEADS": heads, "G": heads // kv_heads, "HEAD_SIZE": head_size,
                 "BLOCK_SIZE": block_size, "BLOCK_M": plan.block_m, "BLOCK_Q": plan.block_q,
@@ -559,6 +672,7 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
             ptx = compiled.asm["ptx"]
             regs, spill = _ptxas_report(ptx, f"sm_{cap}a" if cap >= 90 else f"sm_{cap}", workdir)
             row = {
+                "kernel": plan.kernel,
                 "block_m": plan.block_m, "tile_n": plan.tile_n, "num_stages": plan.num_stages,
                 "num_warps": plan.num_warps, "bt_lookahead": plan.bt_lookahead,
                 "smem_estimate": sda._smem_estimate(
