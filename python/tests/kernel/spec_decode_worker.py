@@ -331,6 +331,35 @@ def check_graph_replay(
     return result
 
 
+def check_hopper_compile_failure(
+    sda: Any, impl: Any, run: Callable[..., tuple[dict[str, Any], list[Any]]], batch: Any
+) -> dict[str, Any]:
+    """A Triton whose Gluon API moved fails to compile the Hopper split pass: the layer
+    must fall back to the Triton split pass (for every layer) rather than fail the request.
+    The Hopper module is replaced by one whose launch raises Triton's CompilationError (as
+    Triton 3.9 does for the TMA call it renamed); everything else is real."""
+    from triton.compiler.errors import CompilationError
+
+    def ws_split(*args: Any, **kwargs: Any) -> None:
+        raise CompilationError(None, None, "async_copy_global_to_shared has been removed")
+
+    stand_in = SimpleNamespace(tma_compatible=lambda *args: True, ws_split=ws_split)
+    ws = impl.spec_decode_attn.workspace
+    saved = (list(sda._HOPPER), ws.hopper)
+    sda._HOPPER[:] = [stand_in]
+    ws.hopper = True
+    try:
+        sd = impl.spec_decode_attn
+        planned = sda.plan_launch(1, 8, sd.num_heads, sd.num_kv_heads, sd.head_size, ws)
+        row, grids = run(impl, batch=batch)
+        return {**row, "launches": grids, "planned_before": planned.kernel,
+                "kernel_after": impl.spec_decode_attn.last_plan.kernel,
+                "workspace_hopper_after": ws.hopper}
+    finally:
+        sda._HOPPER[:] = saved[0]
+        ws.hopper = saved[1]
+
+
 def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     """Through TritonAttentionImpl / FlashAttentionImpl.forward: env on takes the split-KV
     kernel (3-D grid), env off takes stock unified_attention (2-D grid), both match the
@@ -486,6 +515,9 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
             device, impl_on, functools.partial(metadata, kind), layer, launches,
             replays, scale,
         )
+    checks["hopper_compile_failure"] = check_hopper_compile_failure(
+        sda, make_impl("triton", True), functools.partial(run, kind="triton"), verify
+    )
     impl_off = make_impl("triton", False)
     checks["triton/off_created"] = impl_off.spec_decode_attn is not None
     row, grids = run(impl_off, "triton", verify)

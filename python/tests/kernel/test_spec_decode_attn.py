@@ -175,6 +175,17 @@ def test_verify_batch_replays_with_other_contexts(interp: dict[str, Any]) -> Non
 
 
 @pytest.mark.patch
+def test_hopper_split_pass_that_does_not_compile_falls_back(interp: dict[str, Any]) -> None:
+    """A Triton whose Gluon API moved: the planner chose the Hopper split pass, its compile
+    failed, and the layer ran the Triton one instead (and so will every layer after it)."""
+    entry = interp["dispatch"]["hopper_compile_failure"]
+    assert entry["planned_before"] == "hopper", entry
+    assert entry["kernel_after"] == "triton" and entry["workspace_hopper_after"] is False
+    assert _kernels(entry) == ["split", "reduce"], entry
+    assert entry["unwritten_rows"] == 0 and entry["rel_err"] < BF16_REL_ERR, entry
+
+
+@pytest.mark.patch
 def test_verify_block_beyond_qmax_fails_at_startup(interp: dict[str, Any]) -> None:
     message = interp["dispatch"]["qmax_startup_error"]
     assert message and "VLLM_SPEC_DECODE_ATTN_QMAX=17" in message
