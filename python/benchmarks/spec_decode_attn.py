@@ -222,6 +222,7 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
         "pct_floor": 100 * floor / t_new,
         "stock_pct_floor": 100 * floor / t_stock,
         "rel_err_vs_stock": rel_err(outs_new[0], outs_stock[0]),
+        "kernel": plan.kernel,
         "grid": list(plan.split_grid),
         "min_segment_tokens": plan.min_segment_tokens,
     }
@@ -251,19 +252,26 @@ VARIANT_CELLS: tuple[tuple[int, int, int], ...] = (
 Configs = dict[str, tuple[dict[str, Any], tuple[int, ...]]]
 VARIANTS: Configs = {
     "planner": ({}, ()),
-    "no lookahead": ({"bt_lookahead": 0}, ()),
-    # The launch parameters before the block-table lookahead (first H200 sweep).
-    "earlier n64 s2": ({"bt_lookahead": 0, "tile_n": 64, "num_stages": 2}, (16, 4)),
-    "earlier n32 s2": ({"bt_lookahead": 0, "tile_n": 32, "num_stages": 2}, (8,)),
-    "s3": ({"num_stages": 3}, (16,)),
-    "64 segments": ({"num_segments": 64}, (16,)),
-    # 64-row query tiles (two per SM), so q=16 runs as two tiles of 10 and 6 tokens.
-    "64-row tiles": ({"block_m": 64}, (16,)),
-    # With the lookahead: 64-token tiles (2 stages, 192 KiB) and a fifth 32-token stage.
-    "n64 s2": ({"tile_n": 64, "num_stages": 2}, (16,)),
-    "s5": ({"num_stages": 5}, (16,)),
+    # The portable Triton split pass (the planner's choice where Gluon's Hopper path is not).
+    "triton": ({"kernel": "triton"}, ()),
+    # The warp-specialised Hopper split pass with other tiles (needs an sm_90 GPU).
+    "hopper n32 s4": ({"kernel": "hopper", "tile_n": 32, "num_stages": 4}, ()),
+    "hopper n64 s2": ({"kernel": "hopper", "tile_n": 64, "num_stages": 2}, ()),
+    "hopper n32 s3": ({"kernel": "hopper", "tile_n": 32, "num_stages": 3}, (16,)),
     # Diagnostic: the split pass alone (its output is left unreduced).
     "split only": ({"_split_only": True}, (16, 8)),
+    "triton split only": ({"kernel": "triton", "_split_only": True}, (16,)),
+    # Earlier Triton launches (the campaigns in the .md): no block-table lookahead, the
+    # first sweep's tiles, a third stage, 64 segments, 64-row tiles, 64-token tiles with
+    # the lookahead, a fifth 32-token stage.
+    "triton no lookahead": ({"kernel": "triton", "bt_lookahead": 0}, (16,)),
+    "triton earlier n64 s2": (
+        {"kernel": "triton", "bt_lookahead": 0, "tile_n": 64, "num_stages": 2}, (16, 4)),
+    "triton s3": ({"kernel": "triton", "num_stages": 3}, (16,)),
+    "triton 64 segments": ({"kernel": "triton", "num_segments": 64}, (16,)),
+    "triton 64-row tiles": ({"kernel": "triton", "block_m": 64}, (16,)),
+    "triton n64 s2": ({"kernel": "triton", "tile_n": 64, "num_stages": 2}, (16,)),
+    "triton s5": ({"kernel": "triton", "num_stages": 5}, (16,)),
 }
 
 
@@ -302,15 +310,26 @@ def compiled_info(compiled: Any) -> dict[str, Any]:
     return info
 
 
+def needs_hopper(cfg: dict[str, Any]) -> bool:
+    return bool(cfg.get("kernel") == "hopper")
+
+
 def time_configs(env: dict[str, Any], ws: Any, copy_bw: float, out_path: Path,
                  budget_s: float, cells: tuple[tuple[int, int, int], ...],
                  configs: Configs) -> list[dict[str, Any]]:
     """Each config (plan_launch overrides) on each (batch, context, q) cell it applies to:
     time, % of floor, error against the float32 reference and the compiled split kernel's
-    resources; rows also written to out_path as they come."""
+    resources; rows also written to out_path as they come. Configs that force the Hopper
+    kernel are left out where the workspace has none (no sm_90 GPU)."""
     torch, sda, ref = env["torch"], env["sda"], env["ref"]
+    configs = {k: v for k, v in configs.items() if ws.hopper or not needs_hopper(v[0])}
     recorder = LaunchRecorder(sda._spec_decode_split_kernel)
     sda._spec_decode_split_kernel = recorder
+    hopper = sda._hopper_module() if ws.hopper else None
+    hopper_recorder = None
+    if hopper is not None:
+        hopper_recorder = LaunchRecorder(hopper._ws_split_kernel)
+        hopper._ws_split_kernel = hopper_recorder
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     cell: Cell | None = None
@@ -344,13 +363,15 @@ def time_configs(env: dict[str, Any], ws: Any, copy_bw: float, out_path: Path,
                 plan = sda.plan_launch(batch, q, NUM_KV_HEADS * GROUP, NUM_KV_HEADS,
                                        HEAD_SIZE, ws,
                                        **{k: v for k, v in cfg.items() if k[0] != "_"})
+                used = recorder if plan.kernel == "triton" else hopper_recorder
                 row = {"batch": batch, "context": context, "q": q, "variant": name,
                        "us": t * 1e6, "pct_floor": 100 * cell.kv_bytes / copy_bw / t,
                        "rel_err": err["rel_err"], "unwritten": err["unwritten_rows"],
-                       "grid": list(plan.split_grid), "block_m": plan.block_m,
-                       "tile_n": plan.tile_n, "warps": plan.num_warps,
-                       "stages": plan.num_stages, "bt_lookahead": plan.bt_lookahead,
-                       **compiled_info(recorder.last)}
+                       "kernel": plan.kernel, "grid": list(plan.split_grid),
+                       "block_m": plan.block_m, "tile_n": plan.tile_n,
+                       "warps": plan.num_warps, "stages": plan.num_stages,
+                       "bt_lookahead": plan.bt_lookahead,
+                       **compiled_info(used.last if used else None)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             out_path.write_text(json.dumps(rows, indent=1))
@@ -359,6 +380,8 @@ def time_configs(env: dict[str, Any], ws: Any, copy_bw: float, out_path: Path,
                 print("best", json.dumps(min(timed, key=lambda r: r["us"])), flush=True)
     finally:
         sda._spec_decode_split_kernel = recorder.kernel
+        if hopper is not None and hopper_recorder is not None:
+            hopper._ws_split_kernel = hopper_recorder.kernel
     return rows
 
 
@@ -393,6 +416,8 @@ def main() -> int:
     parser.add_argument("--variants", action="store_true",
                         help="compare the kernel variants of VARIANTS first")
     parser.add_argument("--variants-budget", type=float, default=300.0, help="seconds")
+    parser.add_argument("--variant-names", default="",
+                        help="comma-separated VARIANTS to time (default: all)")
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--queries", default=",".join(map(str, QUERY_LENS)))
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
@@ -437,8 +462,13 @@ def main() -> int:
                      sweep_configs())
         print(f"sweep took {time.perf_counter() - started:.0f} s", flush=True)
     if args.variants:
+        names = [n for n in args.variant_names.split(",") if n]
+        unknown = sorted(set(names) - set(VARIANTS))
+        if unknown:
+            parser.error(f"unknown variants: {', '.join(unknown)}")
+        chosen = {n: VARIANTS[n] for n in names} if names else VARIANTS
         time_configs(env, ws, copy_bw, out_dir / "variants.json", args.variants_budget,
-                     VARIANT_CELLS, VARIANTS)
+                     VARIANT_CELLS, chosen)
         print(f"variants took {time.perf_counter() - started:.0f} s", flush=True)
     rows = []
     contexts = [int(c) for c in args.contexts.split(",") if c]
@@ -465,15 +495,15 @@ def main() -> int:
         f"card: {card}; measured copy bandwidth {copy_bw / 1e12:.2f} TB/s; {software}",
         "",
         "| batch | context | q | stock µs | new µs | speedup | new TB/s | HBM floor µs "
-        "| % of floor | stock % of floor | rel err vs stock |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| % of floor | stock % of floor | rel err vs stock | split pass |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['batch']} | {r['context']} | {r['q']} | {r['stock_us']:.1f} | "
             f"{r['new_us']:.1f} | {r['speedup']:.1f}x | {r['new_tb_s']:.2f} | "
             f"{r['floor_us']:.1f} | {r['pct_floor']:.1f}% | {r['stock_pct_floor']:.1f}% | "
-            f"{r['rel_err_vs_stock']:.1e} |"
+            f"{r['rel_err_vs_stock']:.1e} | {r['kernel']} |"
         )
     table = "\n".join(lines)
     (out_dir / "table.md").write_text(table + "\n")
