@@ -65,6 +65,10 @@ CUDA_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     # with TMA and must zero those V rows (0 * NaN is NaN in P @ V).
     ("ragged_nan_tail", [16, 3, 8], [9001, 35, 70001], None, 16),
     ("q16_ctx65541_nan_tail_blk64", [16], [65541], None, 64),
+    # Hybrid models' attention blocks are odd multiples of 16 tokens (864, 944, ...): the
+    # Hopper kernel's TMA boxes shrink to runs that never cross a block.
+    ("q16_ctx20000_blk864", [16], [20000], None, 864),
+    ("ragged_nan_tail_blk48", [8, 16], [5000, 777], None, 48),
 ]
 
 
@@ -662,6 +666,11 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
         if name.endswith("_ptr") or (name.startswith("stride") and name != "stride_bt")
     }
     report: dict[str, Any] = {"triton": triton.__version__}
+    # The Hopper kernel's TMA box (tokens) for 64-token tiles over these cache block sizes.
+    hopper_mod = importlib.import_module(HOPPER_MODULE)
+    report["box_tokens"] = {
+        str(bs): hopper_mod.box_tokens(bs, 64) for bs in (8, 12, 16, 48, 64, 128, 864, 944)
+    }
     for card, cap, sms, smem, hopper in COMPILE_TARGETS:
         ws = sda.SpecDecodeWorkspace(
             64, heads, head_size, torch.device("cpu"), num_sms=sms, max_shared_mem=smem,

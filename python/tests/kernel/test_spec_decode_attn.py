@@ -215,6 +215,11 @@ def test_split_kernel_compiled_for_h200_and_rtx3090(compiled: dict[str, Any]) ->
     pipeline in shared memory, runs on wgmma and spills nothing (on the H200 the spill-free
     32-token tiles measured 1.17x faster than 64-token ones, which spill; the benchmark
     notes)."""
+    # TMA boxes never cross a cache block: the largest run dividing both block and tile,
+    # and never below the 8-row swizzle atom.
+    assert compiled["box_tokens"] == {
+        "8": 8, "12": None, "16": 16, "48": 16, "64": 64, "128": 64, "864": 32, "944": 16
+    }
     rows = {key: row for key, row in compiled.items() if "/" in key}
     cards = ("h200", "h200-triton", "rtx3090")
     assert set(rows) == {f"{card}/q{q}" for card in cards for q in (4, 8, 16)}
