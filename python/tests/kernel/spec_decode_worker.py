@@ -579,7 +579,7 @@ def _ptxas_report(ptx: str, arch: str, workdir: Path) -> tuple[int | None, int |
     return None, None
 
 
-def _compile_hopper(sda: Any, plan: Any, heads: int, kv_heads: int, head_size: int,
+def _compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size: int,
                     block_size: int) -> Any:
     """The Gluon split pass of a Hopper plan, compiled for sm_90a with the arguments a
     launch passes (TMA descriptors of the plan's boxes over bf16 caches)."""
@@ -588,7 +588,6 @@ def _compile_hopper(sda: Any, plan: Any, heads: int, kv_heads: int, head_size: i
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    hopper = importlib.import_module(HOPPER_MODULE)
     fn = hopper._ws_split_kernel
     box = hopper.box_tokens(block_size, plan.tile_n)
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -679,7 +678,7 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
         for q in COMPILE_QUERY_LENS:
             plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws)
             if plan.kernel == "hopper":
-                compiled = _compile_hopper(sda, plan, heads, kv_heads, head_size, block_size)
+                compiled = _compile_hopper(hopper_mod, plan, heads, kv_heads, head_size, block_size)
                 ptx = compiled.asm["ptx"]
                 regs, spill = _ptxas_report(ptx, "sm_90a", workdir)
                 row = {
