@@ -265,7 +265,7 @@ def test_every_cited_gotcha_has_a_complete_entry() -> None:
     problems = doc_problems(read(GOTCHAS), set(cited), defined_tests(TESTS),
                             series_patches(REPO), subcommands())
     assert problems == [], "\n".join(problems)
-    assert {e.number for e in entries(read(GOTCHAS))} == set(range(1, 55))
+    assert {e.number for e in entries(read(GOTCHAS))} >= set(range(1, 55))  # the original 54
 
 
 def test_every_cited_document_resolves() -> None:
