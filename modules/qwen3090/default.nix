@@ -29,7 +29,7 @@ let
     else
       cfg.host;
 
-  # The keys the module owns; the rest of the YAML is `settings`, the knobs of PROFILES.md.
+  # The keys the module owns; the rest of the YAML is `settings`, the knobs of python/docs/PROFILES.md.
   ownedKeys = [
     "profile"
     "host"
