@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from qwen3090.errors import Qwen3090Error
+from qwen3090.pins import ROLES, load_targets
 
-ROLES = ("target", "draft")
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 # vLLM 0.28.0 picks the speculative method from substrings of the model *path*
@@ -31,8 +31,6 @@ REASONING_MARKERS = ("<think>", "</think>")
 def fix_for(path: Path) -> str:
     """The command that repairs ``path``: the fetch target whose dir it is, when one is."""
     try:
-        from qwen3090.fetch import load_targets
-
         targets = load_targets()
     except Qwen3090Error:
         targets = {}
