@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from qwen3090.apikey import API_KEY_ENV, read_api_key
 from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
 from qwen3090.plan import ServePlan
@@ -55,19 +56,6 @@ def command_for(plan: ServePlan, caps: Capabilities, python: str | None = None) 
         )
     model, *rest = plan.vllm_args
     return (exe, "-m", API_SERVER_MODULE, "--model", model, *rest)
-
-
-def read_api_key(path: str) -> str:
-    try:
-        key = Path(path).read_text().strip()
-    except OSError as err:
-        raise Qwen3090Error(
-            f"cannot read the API key file {path}: {err.strerror}",
-            fix="point API_KEY_FILE at a readable file holding the key",
-        ) from None
-    if not key:
-        raise Qwen3090Error(f"the API key file {path} is empty", fix="write the key into it")
-    return key
 
 
 def check_models(plan: ServePlan, caps: Capabilities) -> None:
@@ -160,7 +148,7 @@ def child_env(plan: ServePlan, base: Mapping[str, str]) -> dict[str, str]:
         env.setdefault(name, value)
     env.update(plan.env)
     if plan.api_key_file:
-        env["VLLM_API_KEY"] = read_api_key(plan.api_key_file)
+        env[API_KEY_ENV] = read_api_key(plan.api_key_file, "API_KEY_FILE (--api-key-file)")
     return env
 
 

@@ -93,10 +93,9 @@ def ratio(warm: float | None, cold: float | None) -> float | None:
 def _tree_manifest(tree: Path | None) -> caches.BuildIdentity | None:
     if tree is None:
         return caches.find_manifest()
-    from qwen3090.manifest import MANIFEST_RELPATH, load_manifest
+    from qwen3090.manifest import manifest_in_tree
 
-    path = tree / MANIFEST_RELPATH
-    return load_manifest(path) if path.is_file() else None
+    return manifest_in_tree(tree)
 
 
 def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
