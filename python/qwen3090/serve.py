@@ -66,7 +66,7 @@ def check_models(plan: ServePlan, caps: Capabilities) -> None:
     dirs: list[tuple[Path, str]] = [(Path(plan.model), "target")]
     if plan.draft is not None:
         dirs.append((Path(plan.draft), "draft"))
-    modelcheck.require_model_dirs(dirs)
+    modelcheck.require_model_dirs(dirs, device=plan.device)
     check_qwen3_5_imports(Path(plan.model), caps)
 
 
