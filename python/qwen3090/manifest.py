@@ -172,9 +172,9 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     except OSError as err:
         raise Qwen3090Error(
             f"cannot read the build manifest {p}: {err.strerror}",
-            fix=f"name the {MANIFEST_RELPATH} of a patched vLLM tree (--manifest FILE where "
-            f"the command has it, else ${MANIFEST_ENV}), or unset {MANIFEST_ENV} to use the "
-            "installed vLLM's",
+            # No flag named: commands without --manifest read it too (through the variable).
+            fix=f"name the {MANIFEST_RELPATH} of a patched vLLM tree, or unset {MANIFEST_ENV} "
+            "to use the installed vLLM's",
         ) from err
     try:
         data = json.loads(text)

@@ -51,7 +51,7 @@ def test_a_named_manifest_must_exist(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.delenv(manifest.MANIFEST_ENV, raising=False)
     with pytest.raises(Qwen3090Error, match="cannot read the build manifest") as err:
         manifest.read_manifest(tmp_path / "absent.json")
-    assert err.value.fix and "--manifest" in err.value.fix
+    assert err.value.fix and manifest.MANIFEST_ENV in err.value.fix
     assert build_labels(tmp_path / "absent.json")["manifest"] == "invalid"
 
 
