@@ -1,70 +1,27 @@
 """Pinned build artifacts (``pins.json``): download by sha256 into a cache, unpack ``vllm/``.
 
-The same ``pins.json`` feeds Nix's ``fetchurl``; this module is how CI and the patch-tier
-tests get the identical files. A download whose sha256 differs from the pin is deleted and
-is an error: a moved or replaced upstream file must never be used silently.
+The same ``pins.json`` (read by :mod:`qwen3090.pins`) feeds Nix's ``fetchurl``; this module
+is how CI and the patch-tier tests get the identical files. A download whose sha256 differs
+from the pin is deleted and is an error: a moved or replaced upstream file must never be used
+silently.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tarfile
 import tempfile
 import urllib.request
 import zipfile
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from qwen3090.errors import Qwen3090Error
+from qwen3090.pins import Artifact, pinned_artifact
 
 ARTIFACTS_ENV = "QWEN3090_ARTIFACTS"
 _CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class Artifact:
-    key: str
-    distribution: str
-    version: str
-    kind: str
-    """"sdist" or "wheel"."""
-    filename: str
-    url: str
-    sha256: str
-    size: int | None
-
-
-def load_pins() -> dict[str, Any]:
-    """The parsed ``pins.json`` shipped inside the package."""
-    text = resources.files("qwen3090").joinpath("pins.json").read_text(encoding="utf-8")
-    data: dict[str, Any] = json.loads(text)
-    return data
-
-
-def pinned_artifact(key: str) -> Artifact:
-    """One entry of ``pins.json``'s ``artifacts`` table, e.g. ``vllm-sdist``."""
-    table: dict[str, dict[str, Any]] = load_pins()["artifacts"]
-    if key not in table:
-        raise Qwen3090Error(
-            f"no pinned artifact named {key!r}",
-            fix=f"use one of: {', '.join(sorted(table))}",
-        )
-    raw = table[key]
-    return Artifact(
-        key=key,
-        distribution=str(raw["distribution"]),
-        version=str(raw["version"]),
-        kind=str(raw["kind"]),
-        filename=str(raw["filename"]),
-        url=str(raw["url"]),
-        sha256=str(raw["sha256"]).lower(),
-        size=int(raw["size"]) if raw.get("size") is not None else None,
-    )
 
 
 def artifacts_dir() -> Path:
@@ -143,6 +100,11 @@ def unpack_vllm(archive: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     if (dest / "vllm").exists():
         raise Qwen3090Error(f"{dest / 'vllm'} already exists", fix="unpack into an empty dir")
+    # The archive is a pinned artifact, so a malformed one means the pin or the cache is wrong.
+    bad_archive = (
+        f"delete {archive} (a cached copy is downloaded again and re-hashed), and check that "
+        "the pin in pins.json names a vLLM sdist or wheel"
+    )
     name = archive.name
     if name.endswith(".whl"):
         with zipfile.ZipFile(archive) as zf:
@@ -164,19 +126,24 @@ def unpack_vllm(archive: Path, dest: Path) -> Path:
                     info.name = "/".join(parts[1:])
                     chosen.append(info)
             if not chosen:
-                raise Qwen3090Error(f"{archive} holds no <name>/vllm/ package directory")
+                raise Qwen3090Error(
+                    f"{archive} holds no <name>/vllm/ package directory", fix=bad_archive
+                )
             tf.extractall(dest, members=chosen, filter="data")
     else:
-        raise Qwen3090Error(f"{archive}: not a wheel or a .tar.gz sdist")
+        raise Qwen3090Error(f"{archive}: not a wheel or a .tar.gz sdist", fix=bad_archive)
     if not (dest / "vllm" / "__init__.py").is_file():
-        raise Qwen3090Error(f"{archive} unpacked without vllm/__init__.py")
+        raise Qwen3090Error(f"{archive} unpacked without vllm/__init__.py", fix=bad_archive)
     return dest
 
 
 def _check_member(name: str) -> None:
     parts = name.split("/")
     if name.startswith("/") or ".." in parts:
-        raise Qwen3090Error(f"archive member {name!r} escapes the destination")
+        raise Qwen3090Error(
+            f"archive member {name!r} escapes the destination; nothing of it was used",
+            fix="do not use this archive: check where its pin in pins.json points",
+        )
 
 
 def pristine_tree(key: str, cache: Path | None = None) -> Path:

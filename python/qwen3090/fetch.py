@@ -1,109 +1,24 @@
 """Fetching the pinned checkpoints from the Hugging Face Hub, then checking them.
 
-The targets (repo id, revision, directory name, role) live in the ``models`` section of the
-pins file that Nix and Python share (``qwen3090/pins.json``; ``QWEN3090_PINS`` points
-elsewhere). A complete directory is never touched: the completeness check of
-:mod:`qwen3090.modelcheck` runs first, so a finished fetch makes no network call at all,
-online or offline. Downloads go through ``huggingface_hub.snapshot_download`` into the
-directory itself, which resumes partial files and shows its own progress bars.
+The targets (repo id, revision, directory name, role) are the ``models`` section of the
+pins file, read by :mod:`qwen3090.pins`. A complete directory is never touched: the
+completeness check of :mod:`qwen3090.modelcheck` runs first, so a finished fetch makes no
+network call at all, online or offline. Downloads go through
+``huggingface_hub.snapshot_download`` into the directory itself, which resumes partial files
+and shows its own progress bars.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from qwen3090.errors import Qwen3090Error
-from qwen3090.modelcheck import ROLES, check_model_dir
-
-PINS_ENV = "QWEN3090_PINS"
-MODELS_DIR_ENV = "QWEN3090_MODELS_DIR"
-DEFAULT_MODELS_DIR = "models"
-
-
-@dataclass(frozen=True)
-class FetchTarget:
-    name: str
-    repo: str
-    revision: str | None  # None: not pinned; the user must name one (--revision NAME=REV)
-    dir: str  # directory name under --dest
-    role: str  # "target" or "draft": what check_model_dir demands
-    default: bool  # fetched when no target is named
-    allow_patterns: tuple[str, ...] | None  # only these files of the repo
-    link_from: str | None  # an overlay: the other files come from this target's directory
-    note: str
-
-
-def pins_path() -> Path:
-    override = os.environ.get(PINS_ENV)
-    if override:
-        return Path(override)
-    return Path(str(resources.files("qwen3090").joinpath("pins.json")))
-
-
-def _target(name: str, raw: Any, where: Path) -> FetchTarget:
-    if not isinstance(raw, dict):
-        raise Qwen3090Error(f"{where}: models.{name} is not an object")
-
-    def text(key: str, required: bool = True) -> str | None:
-        value = raw.get(key)
-        if value is None and not required:
-            return None
-        if not isinstance(value, str) or not value:
-            raise Qwen3090Error(f"{where}: models.{name}.{key} must be a non-empty string")
-        return value
-
-    repo, directory = text("repo"), text("dir")
-    assert repo is not None and directory is not None
-    role = raw.get("role", "target")
-    if role not in ROLES:
-        raise Qwen3090Error(f"{where}: models.{name}.role must be one of {ROLES}, not {role!r}")
-    patterns = raw.get("allow_patterns")
-    if patterns is not None and not (
-        isinstance(patterns, list) and all(isinstance(p, str) for p in patterns)
-    ):
-        raise Qwen3090Error(f"{where}: models.{name}.allow_patterns must be a list of strings")
-    return FetchTarget(
-        name=name,
-        repo=repo,
-        revision=text("revision", required=False),
-        dir=directory,
-        role=role,
-        default=bool(raw.get("default", False)),
-        allow_patterns=None if patterns is None else tuple(patterns),
-        link_from=text("link_from", required=False),
-        note=str(raw.get("note", "")),
-    )
-
-
-def load_targets(path: Path | None = None) -> dict[str, FetchTarget]:
-    """The fetch targets of the pins file's ``models`` section, by name."""
-    where = path or pins_path()
-    try:
-        data = json.loads(where.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise Qwen3090Error(
-            f"no pins file at {where}", fix=f"restore it, or point {PINS_ENV} at one"
-        ) from err
-    except (OSError, json.JSONDecodeError) as err:
-        raise Qwen3090Error(f"the pins file {where} cannot be read: {err}") from err
-    models = data.get("models") if isinstance(data, dict) else None
-    if not isinstance(models, dict) or not models:
-        raise Qwen3090Error(
-            f"the pins file {where} has no 'models' section, so there is nothing to fetch",
-            fix="add the model targets (repo, revision, dir, role) under 'models'",
-        )
-    targets = {name: _target(name, raw, where) for name, raw in models.items()}
-    for t in targets.values():
-        if t.link_from is not None and t.link_from not in targets:
-            raise Qwen3090Error(f"{where}: models.{t.name}.link_from names no target")
-    return targets
+from qwen3090.modelcheck import check_model_dir
+from qwen3090.pins import FetchTarget
 
 
 def hub_offline() -> bool:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from qwen3090.errors import Qwen3090Error
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from qwen3090.fetch import DEFAULT_MODELS_DIR, MODELS_DIR_ENV
+    from qwen3090.pins import MODELS_DIR_ENV, models_dir
 
     p = subparsers.add_parser(
         "fetch",
@@ -24,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("targets", nargs="*", metavar="TARGET", help="target names (see --list)")
     p.add_argument(
         "--dest", type=Path,
-        default=Path(os.environ.get(MODELS_DIR_ENV, DEFAULT_MODELS_DIR)),
-        help=f"directory holding the model dirs (default: ${MODELS_DIR_ENV} or %(default)s)",
+        default=models_dir(),
+        help=f"directory holding the model dirs (default: ${MODELS_DIR_ENV} or models)",
     )
     p.add_argument("--offline", action="store_true", help="never download; only check")
     p.add_argument(
@@ -41,13 +40,17 @@ def _revisions(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, rev = pair.partition("=")
         if not sep or not name or not rev:
-            raise Qwen3090Error(f"--revision wants TARGET=REV, not {pair!r}")
+            raise Qwen3090Error(
+                f"--revision wants TARGET=REV, not {pair!r}",
+                fix="e.g. --revision base=<commit sha>; `qwen3090 fetch --list` names the targets",
+            )
         out[name] = rev
     return out
 
 
 def run(args: argparse.Namespace) -> int:
-    from qwen3090.fetch import fetch_order, fetch_target, load_targets
+    from qwen3090.fetch import fetch_order, fetch_target
+    from qwen3090.pins import load_targets
 
     targets = load_targets()
     if args.list:

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from qwen3090.errors import Qwen3090Error
-from qwen3090.fetch import FetchTarget, _overlay_base_files, fetch_order, load_targets
+from qwen3090.fetch import _overlay_base_files, fetch_order
+from qwen3090.pins import FetchTarget, load_targets
 
 pytestmark = pytest.mark.unit
 

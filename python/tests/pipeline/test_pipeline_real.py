@@ -10,13 +10,9 @@ import patchtrees
 import pytest
 
 from qwen3090 import patchtool
-from qwen3090.artifacts import (
-    Artifact,
-    fetch_artifact,
-    pinned_artifact,
-    sha256_of,
-)
+from qwen3090.artifacts import fetch_artifact, sha256_of
 from qwen3090.errors import Qwen3090Error
+from qwen3090.pins import Artifact, pinned_artifact
 
 pytestmark = pytest.mark.patch
 
