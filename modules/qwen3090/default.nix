@@ -47,21 +47,29 @@ let
     "model"
     cfg.modelDir
   ];
-  gateArgv = [
-    qwen3090
-    "gate"
-    "--threshold-mib"
-    cfg.gpuGate.thresholdMiB
-    "--timeout"
-    cfg.gpuGate.timeout
-  ];
+  # `qwen3090 serve` is the one owner of the GPU gate (gotcha 2): it waits for a free card
+  # right before it execs vLLM, so the unit passes the gpuGate options to it instead of
+  # running a gate of its own in ExecStartPre (two gates with two policies disagreed).
+  gateFlags =
+    if cfg.gpuGate.enable then
+      lib.optionals (cfg.gpuGate.thresholdMiB != null) [
+        "--gate-threshold-mib"
+        cfg.gpuGate.thresholdMiB
+      ]
+      ++ [
+        "--gate-timeout"
+        cfg.gpuGate.timeout
+      ]
+    else
+      [ "--no-gate" ];
   serveArgv = [
     qwen3090
     "serve"
     "--config"
     # A string: older nixpkgs' escapeSystemdExecArg takes no derivations.
     "${cfg.configFile}"
-  ];
+  ]
+  ++ gateFlags;
 
   # Hardening shared by every unit here. Each relaxation from the strictest setting says why.
   hardening = {
@@ -346,19 +354,28 @@ in
         type = types.bool;
         default = true;
         description = ''
-          Wait until the GPU is free and stable before vLLM profiles its memory (gotcha 2):
-          `qwen3090 gate` runs as the first `ExecStartPre=`.
+          Wait until the GPU is free and stable before vLLM profiles its memory (gotcha 2).
+          `qwen3090 serve` runs this gate right before it starts vLLM, with the two options
+          below as its `--gate-threshold-mib` and `--gate-timeout`; `false` passes
+          `--no-gate`.
         '';
       };
       thresholdMiB = mkOption {
-        type = types.ints.unsigned;
-        default = 1024;
-        description = "Used GPU memory below this many MiB counts as free.";
+        type = types.nullOr types.ints.unsigned;
+        default = null;
+        example = 4096;
+        description = ''
+          Used GPU memory below this many MiB counts as free. `null` keeps the default of
+          `qwen3090 serve --gate-threshold-mib` (2048 MiB: room for a desktop on the card).
+        '';
       };
       timeout = mkOption {
         type = types.ints.positive;
         default = 600;
-        description = "Seconds the gate waits for a free GPU before the start fails, naming who holds it.";
+        description = ''
+          Seconds the gate waits for a free GPU before the start fails, naming who holds it
+          (`qwen3090 serve --gate-timeout`).
+        '';
       };
     };
 
@@ -520,13 +537,16 @@ in
           StateDirectory = "qwen3090";
           StateDirectoryMode = "0750";
           WorkingDirectory = stateDir;
-          ExecStartPre =
-            lib.optional cfg.gpuGate.enable (utils.escapeSystemdExecArgs gateArgv)
-            ++ [ (utils.escapeSystemdExecArgs checkModelArgv) ];
+          ExecStartPre = [ (utils.escapeSystemdExecArgs checkModelArgv) ];
           ExecStart = utils.escapeSystemdExecArgs serveArgv;
           ExecStartPost = [ "${waitReady}" ];
           # vLLM drains in-flight requests and exits 0 on SIGINT; SIGTERM cuts them off.
           KillSignal = "SIGINT";
+          # The SIGINT goes to the main process (the API server serve exec'd) alone, which
+          # then stops its engine-core and worker processes in order; with the default
+          # control-group mode every process got it at once and the engine died mid-drain.
+          # Whatever is left after TimeoutStopSec still gets SIGKILL, cgroup-wide.
+          KillMode = "mixed";
           TimeoutStopSec = 90;
           TimeoutStartSec = cfg.gpuGate.timeout + cfg.startTimeout;
           Restart = "on-failure";

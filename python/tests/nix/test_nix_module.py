@@ -43,25 +43,54 @@ def test_no_assertion_fails(base: dict[str, Any]) -> None:
     assert base["failedAssertions"] == []
 
 
-def test_exec_start_pre_runs_the_gate_then_the_model_check(base: dict[str, Any]) -> None:
+def test_exec_start_pre_checks_the_model_and_leaves_the_gate_to_serve(
+    base: dict[str, Any],
+) -> None:
     exe = base["storePaths"]["package"] + "/bin/qwen3090"
     pre = [exec_argv(line) for line in server(base)["serviceConfig"]["ExecStartPre"]]
     assert pre == [
-        [exe, "gate", "--threshold-mib", "1024", "--timeout", "600"],
         [exe, "check", "model", "/var/lib/qwen3090/models/Qwen3.8-27B-W4A16-AutoRound"],
     ]
 
 
-def test_exec_start_serves_the_rendered_config(base: dict[str, Any]) -> None:
+def test_exec_start_serves_the_rendered_config_behind_the_gate(base: dict[str, Any]) -> None:
     exe = base["storePaths"]["package"] + "/bin/qwen3090"
     argv = exec_argv(server(base)["serviceConfig"]["ExecStart"])
-    assert argv == [exe, "serve", "--config", base["configFile"]["path"]]
+    # thresholdMiB = null leaves serve's own default; the timeout is the module's.
+    assert argv == [exe, "serve", "--config", base["configFile"]["path"], "--gate-timeout", "600"]
+
+
+def _serve_policy(argv: list[str]) -> Any:
+    """What `qwen3090 serve` itself makes of a rendered ExecStart's arguments."""
+    from qwen3090.cli import build_parser
+    from qwen3090.commands.serve import gate_policy
+
+    assert argv[1] == "serve"
+    return gate_policy(build_parser().parse_args(argv[1:]))
+
+
+def test_gpu_gate_options_become_serves_gate_flags() -> None:
+    summary = eval_module(
+        "{ services.qwen3090 = { enable = true; "
+        "gpuGate = { thresholdMiB = 4096; timeout = 300; }; }; }"
+    )
+    sc = server(summary)["serviceConfig"]
+    argv = exec_argv(sc["ExecStart"])
+    assert argv[4:] == ["--gate-threshold-mib", "4096", "--gate-timeout", "300"]
+    policy = _serve_policy(argv)
+    assert (policy.threshold_mib, policy.timeout_s) == (4096, 300.0)
+    # The start budget still covers the gate's wait.
+    assert sc["TimeoutStartSec"] == 300 + 1800
+    assert [exec_argv(line)[1] for line in sc["ExecStartPre"]] == ["check"]
 
 
 def test_gate_can_be_turned_off() -> None:
     summary = eval_module("{ services.qwen3090 = { enable = true; gpuGate.enable = false; }; }")
-    pre = [exec_argv(line) for line in server(summary)["serviceConfig"]["ExecStartPre"]]
-    assert [argv[1:3] for argv in pre] == [["check", "model"]]
+    sc = server(summary)["serviceConfig"]
+    argv = exec_argv(sc["ExecStart"])
+    assert argv[4:] == ["--no-gate"]
+    assert _serve_policy(argv) is None
+    assert [exec_argv(line)[1:3] for line in sc["ExecStartPre"]] == [["check", "model"]]
 
 
 def test_cache_and_home_environment(base: dict[str, Any]) -> None:
@@ -96,6 +125,8 @@ def test_gpu_stays_reachable_and_relaxations_are_exact(base: dict[str, Any]) -> 
     assert sc["MemoryDenyWriteExecute"] is False
     assert sc["LimitMEMLOCK"] == "infinity"
     assert sc["KillSignal"] == "SIGINT"
+    # SIGINT to vLLM's main process alone; SIGKILL cgroup-wide only after TimeoutStopSec.
+    assert sc["KillMode"] == "mixed"
     assert sc["DynamicUser"] is True
     assert sc["ProtectSystem"] == "strict"
     assert sc["CapabilityBoundingSet"] == [""]
@@ -190,13 +221,16 @@ def test_shared_module_assertions_catch_a_bad_unit() -> None:
     failures = eval_json(
         f"let s = (import {harness} {{ inherit lib; configuration = {BASE}; }}).config; "
         "u = s.systemd.services; bad = u // { qwen3090 = u.qwen3090 // { serviceConfig = "
-        'u.qwen3090.serviceConfig // { KillSignal = "SIGTERM"; ExecStartPre = '
-        "lib.reverseList u.qwen3090.serviceConfig.ExecStartPre; }; }; }; in "
+        'u.qwen3090.serviceConfig // { KillSignal = "SIGTERM"; KillMode = "control-group"; '
+        'ExecStartPre = [ "qwen3090 \\"gate\\"" ] ++ u.qwen3090.serviceConfig.ExecStartPre; '
+        'ExecStart = "qwen3090 \\"serve\\" \\"--config\\" \\"f\\" \\"--no-gate\\""; }; }; }; in '
         f"import {REPO}/checks/module-assertions.nix {{ inherit lib; "
         f'apiKeyFile = "{KEY_PATH}"; units = bad; firewall = s.networking.firewall; }}'
     )
     assert any("SIGINT" in f for f in failures)
-    assert any("gate must run first" in f for f in failures)
+    assert any("KillMode must be mixed" in f for f in failures)
+    assert any("serve owns the GPU gate" in f for f in failures)
+    assert any("serve must gate the GPU" in f for f in failures)
 
 
 def test_settings_may_not_shadow_the_options() -> None:
