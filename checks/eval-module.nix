@@ -91,6 +91,12 @@ let
       };
       services.prometheus.scrapeConfigs = looseList;
       services.prometheus.ruleFiles = looseList;
+      # Set by the README's NixOS example and the module-eval check around the module, not
+      # by the module: accepted, never read.
+      hardware = loose;
+      services.xserver = loose;
+      boot = loose;
+      system = loose;
     };
   };
 

@@ -256,7 +256,7 @@ def test_non_loopback_without_key_warns() -> None:
 def test_fetch_model_unit_backs_off_and_gates_the_server() -> None:
     summary = eval_module(
         "{ services.qwen3090 = { enable = true; fetchModel = { enable = true; "
-        'targets = [ "target" ]; revisions.target = "abc123"; '
+        'targets = [ "base" ]; revisions.base = "abc123"; '
         'tokenFile = "/run/keys/hf"; }; }; }'
     )
     fetch = summary["units"]["qwen3090-fetch-model"]
@@ -265,8 +265,11 @@ def test_fetch_model_unit_backs_off_and_gates_the_server() -> None:
     assert sc["Restart"] == "on-failure"
     assert sc["RestartSteps"] > 1 and sc["RestartMaxDelaySec"]
     assert exec_argv(sc["ExecStart"])[1:] == [
-        "fetch", "target", "--dest", "/var/lib/qwen3090/models", "--revision", "target=abc123",
+        "fetch", "base", "--dest", "/var/lib/qwen3090/models", "--revision", "base=abc123",
     ]
+    # Network failures back off; a missing revision stops the unit at once.
+    assert sc["RestartPreventExitStatus"] == [4]
+    assert summary["warnings"] == []
     assert sc["LoadCredential"] == ["hf-token:/run/keys/hf"]
     assert fetch["environment"]["HF_TOKEN_PATH"] == "%d/hf-token"
     assert sc["User"] == server(summary)["serviceConfig"]["User"]
@@ -306,6 +309,8 @@ def test_rendered_settings_hold_the_knobs_and_owned_keys(base: dict[str, Any]) -
         "host": "127.0.0.1",
         "port": 18020,
         "model": "/var/lib/qwen3090/models/Qwen3.8-27B-W4A16-AutoRound",
+        # SPEC = dflash2 without a DRAFT: the drafter where the fetch unit puts it.
+        "DRAFT": "/var/lib/qwen3090/models/Qwen3.8-27B-DFlash2-W4A16",
     }
 
 
@@ -326,6 +331,7 @@ def test_rendered_yaml_round_trips_through_plan(tmp_path: Path) -> None:
     model.mkdir()
     summary = eval_module(
         f'{{ services.qwen3090 = {{ enable = true; modelDir = "{model}"; port = 18555; '
+        f'modelsDir = "{tmp_path}"; '
         'settings = { SPEC = "dflash2"; CTX = "long"; DFLASH_TOKENS = 15; PREFIX_CACHE = 1; }; }; }'
     )
     config = tmp_path / "qwen3090.yaml"
@@ -341,6 +347,7 @@ def test_rendered_yaml_round_trips_through_plan(tmp_path: Path) -> None:
             "DFLASH_TOKENS": "15",
             "PREFIX_CACHE": "1",
             "MODEL": str(model),
+            "DRAFT": str(tmp_path / "Qwen3.8-27B-DFlash2-W4A16"),
         },
     )
     assert from_file == from_knobs
@@ -358,3 +365,136 @@ def test_exporter_gets_the_key_by_credential_not_by_value() -> None:
         "/run/credentials/qwen3090-exporter.service/api-key"
     )
     assert sc["PrivateDevices"] is True
+
+
+def _fetch_argv(summary: dict[str, Any]) -> list[str]:
+    sc = summary["units"]["qwen3090-fetch-model"]["serviceConfig"]
+    return exec_argv(sc["ExecStart"])[1:]
+
+
+def _pins() -> dict[str, Any]:
+    pins: dict[str, Any] = json.loads((REPO / "python" / "qwen3090" / "pins.json").read_text())
+    return pins
+
+
+def test_fetch_targets_are_the_pins_defaults_plus_the_drafter_dflash2_needs() -> None:
+    models = _pins()["models"]
+    defaults = sorted(n for n, m in models.items() if m.get("default"))
+    drafters = sorted(n for n, m in models.items() if m.get("role") == "draft")
+    assert defaults and drafters
+    plain = eval_module("{ services.qwen3090 = { enable = true; fetchModel.enable = true; }; }")
+    assert _fetch_argv(plain)[1:-2] == defaults
+    dflash2 = eval_module(
+        '{ services.qwen3090 = { enable = true; fetchModel.enable = true; '
+        'settings.SPEC = "dflash2"; }; }'
+    )
+    assert _fetch_argv(dflash2)[1:-2] == defaults + drafters
+    # The server looks for the drafter where the fetch unit puts it.
+    assert dflash2["configFile"]["value"]["DRAFT"] == (
+        f"/var/lib/qwen3090/models/{models[drafters[0]]['dir']}"
+    )
+    # A DRAFT of the user's own is not fetched and not overridden.
+    own = eval_module(
+        '{ services.qwen3090 = { enable = true; fetchModel.enable = true; '
+        'settings = { SPEC = "dflash2"; DRAFT = "/srv/drafter"; }; }; }'
+    )
+    assert _fetch_argv(own)[1:-2] == defaults
+    assert own["configFile"]["value"]["DRAFT"] == "/srv/drafter"
+
+
+def test_fetch_targets_and_revisions_must_name_pinned_targets() -> None:
+    error = eval_module_error(
+        '{ services.qwen3090 = { enable = true; fetchModel = { enable = true; '
+        'targets = [ "dflash2-draft" ]; }; }; }'
+    )
+    assert "fetchModel.targets" in error
+    for name in _pins()["models"]:
+        assert f'"{name}"' in error
+    summary = eval_module(
+        '{ services.qwen3090 = { enable = true; fetchModel = { enable = true; '
+        'revisions.target = "abc"; }; }; }'
+    )
+    assert any("revisions names no target" in m for m in summary["failedAssertions"])
+
+
+def test_unpinned_targets_warn_at_evaluation_and_stop_the_unit_once(tmp_path: Path) -> None:
+    summary = eval_module(
+        '{ services.qwen3090 = { enable = true; fetchModel = { enable = true; '
+        'targets = [ "base" "dflash2" ]; revisions.dflash2 = "abc"; }; }; }'
+    )
+    sc = summary["units"]["qwen3090-fetch-model"]["serviceConfig"]
+    (stop,) = sc["RestartPreventExitStatus"]
+    unpinned = [w for w in summary["warnings"] if "no revision is pinned" in w]
+    if _pins()["models"]["base"]["revision"] is None:
+        (warning,) = unpinned
+        assert "for base;" in warning and "fetchModel.revisions.base" in warning
+        assert f"exit status {stop}" in warning
+    else:
+        assert unpinned == []
+    # The status the unit stops on is the one `qwen3090 fetch` really exits with when a
+    # target has no revision (a pins file with none; the check runs before any download).
+    pins = _pins()
+    pins["models"]["base"]["revision"] = None
+    pins_file = tmp_path / "pins.json"
+    pins_file.write_text(json.dumps(pins))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(
+        QWEN3090_PINS=str(pins_file),
+        PYTHONPATH=str(REPO / "python"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "qwen3090", "fetch", "base", "--dest", str(tmp_path / "models")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == stop, done.stderr
+    assert "no revision of" in done.stderr and "--revision base=" in done.stderr
+
+
+def _readme_nixos_example() -> str:
+    """The ```nix block of README.md's "### NixOS" section: a system flake."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n### NixOS\n", 1)[1].split("\n### ", 1)[0]
+    block = section.split("```nix\n", 1)[1].split("\n```", 1)[0]
+    return block
+
+
+def test_the_readme_nixos_example_evaluates_and_fails_clearly(tmp_path: Path) -> None:
+    flake = tmp_path / "flake.nix"
+    flake.write_text(_readme_nixos_example())
+    harness = REPO / "checks" / "eval-module.nix"
+    # The flake's outputs with stand-ins for its inputs: nixosSystem hands back its arguments,
+    # and the qwen3090 input's module is a marker replaced by the module itself (the harness
+    # imports modules/qwen3090); the README's own module is evaluated as written.
+    summary = eval_json(
+        f"let marker = {{ qwen3090ReadmeMarker = true; }}; "
+        f"flake = import {flake}; "
+        "system = (flake.outputs { self = { }; nixpkgs.lib.nixosSystem = args: args; "
+        "qwen3090.nixosModules.default = marker; }).nixosConfigurations.gpu-box; "
+        "isMarker = m: builtins.isAttrs m && m ? qwen3090ReadmeMarker; "
+        "own = builtins.filter (m: !(isMarker m)) system.modules; "
+        f"in assert builtins.length (builtins.filter isMarker system.modules) == 1; "
+        f'assert system.system == "x86_64-linux"; '
+        f"(import {harness} {{ inherit lib; configuration = {{ imports = own; }}; }}).summary"
+    )
+    assert summary["failedAssertions"] == []
+    unit = server(summary)
+    settings = summary["configFile"]["value"]
+    argv = exec_argv(unit["serviceConfig"]["ExecStart"])
+    assert argv[1:3] == ["serve", "--config"] and "--gate-timeout" in argv
+    # The drafter SPEC = dflash2 needs is fetched, into the directory the server reads.
+    fetch = _fetch_argv(summary)
+    if settings.get("SPEC") == "dflash2":
+        assert "dflash2" in fetch
+        assert settings["DRAFT"].endswith(_pins()["models"]["dflash2"]["dir"])
+    # Every target it fetches exists; one without a revision is named at evaluation time
+    # and stops the fetch unit once instead of retrying forever.
+    targets = fetch[1:fetch.index("--dest")]
+    assert set(targets) <= set(_pins()["models"])
+    unpinned = [t for t in targets if _pins()["models"][t]["revision"] is None
+                and f"{t}=" not in " ".join(fetch)]
+    if unpinned:
+        (warning,) = [w for w in summary["warnings"] if "no revision is pinned" in w]
+        assert all(f"fetchModel.revisions.{t}" in warning for t in unpinned)
+    sc = summary["units"]["qwen3090-fetch-model"]["serviceConfig"]
+    assert sc["RestartPreventExitStatus"] == [4]
+    assert "qwen3090-fetch-model.service" in unit["requires"]
