@@ -498,3 +498,48 @@ def test_the_readme_nixos_example_evaluates_and_fails_clearly(tmp_path: Path) ->
     sc = summary["units"]["qwen3090-fetch-model"]["serviceConfig"]
     assert sc["RestartPreventExitStatus"] == [4]
     assert "qwen3090-fetch-model.service" in unit["requires"]
+
+
+def test_module_eval_check_is_evaluation_only() -> None:
+    """checks/module-eval.nix with the harness's stand-in for lib.nixosSystem: it passes, and
+    its one output is the unit text without the package's string context, so building the
+    check builds nothing of the closure."""
+    harness = REPO / "checks" / "eval-module.nix"
+    result = eval_json(
+        f"let h = import {harness} {{ inherit lib; }}; "
+        f"check = import {REPO}/checks/module-eval.nix {{ inherit lib; "
+        'system = "x86_64-linux"; inherit (h) nixosSystem; '
+        f"nixosModule = {REPO}/modules/qwen3090; "
+        "writeText = name: text: { inherit name text; }; }; "
+        "rendered = (h.nixosSystem { modules = [ "
+        f"{REPO}/modules/qwen3090 {{ services.qwen3090.enable = true; }} ]; }})"
+        '.config.systemd.units."qwen3090.service".text; '
+        "in { inherit (check) name text; checkHasContext = builtins.hasContext check.text; "
+        "renderedHasContext = builtins.hasContext rendered; "
+        "package = toString h.config.services.qwen3090.package; }"
+    )
+    # The unit text as rendered does depend on the package ...
+    assert result["renderedHasContext"] is True
+    # ... and what the check writes does not, though it names the same store path.
+    assert result["checkHasContext"] is False
+    lines = result["text"].splitlines()
+    (exec_start,) = [line for line in lines if line.startswith("ExecStart=")]
+    assert result["package"] + "/bin/qwen3090" in exec_start
+    for line in ("KillSignal=SIGINT", "KillMode=mixed", f"LoadCredential=api-key:{KEY_PATH}"):
+        assert line in lines
+
+
+def test_module_eval_check_fails_on_a_bad_unit() -> None:
+    harness = REPO / "checks" / "eval-module.nix"
+    proc = eval_json(
+        f"let h = import {harness} {{ inherit lib; }}; "
+        f"in (import {REPO}/checks/module-eval.nix {{ inherit lib; "
+        'system = "x86_64-linux"; inherit (h) nixosSystem; '
+        f"nixosModule = {{ imports = [ {REPO}/modules/qwen3090 ]; "
+        'systemd.services.qwen3090.serviceConfig.KillMode = lib.mkForce "control-group"; }; '
+        "writeText = name: text: { inherit name text; }; }).text",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "KillMode must be mixed" in proc.stderr
+    assert "lacks the line KillMode=mixed" in proc.stderr
