@@ -421,9 +421,9 @@ in
       targets = mkOption {
         type = types.listOf (types.enum (builtins.attrNames pins.models));
         default = defaultTargets ++ lib.optionals needsDrafter draftTargets;
-        defaultText = literalExpression ''
-          the pins file's default targets ([ "base" "fast" ]), plus its drafter ("dflash2")
-          when settings.SPEC = "dflash2" and settings.DRAFT is unset
+        defaultText = lib.literalMD ''
+          the pins file's default targets (`[ "base" "fast" ]`), plus its drafter
+          (`"dflash2"`) when `settings.SPEC = "dflash2"` and `settings.DRAFT` is unset
         '';
         example = [
           "base"

@@ -543,3 +543,18 @@ def test_module_eval_check_fails_on_a_bad_unit() -> None:
     assert proc.returncode != 0
     assert "KillMode must be mixed" in proc.stderr
     assert "lacks the line KillMode=mixed" in proc.stderr
+
+
+def test_fetch_option_examples_name_targets_that_exist() -> None:
+    harness = REPO / "checks" / "eval-module.nix"
+    examples = eval_json(
+        f"let o = (import {harness} {{ inherit lib; }}).evaluated.options.services.qwen3090; "
+        "in { targets = o.fetchModel.targets.example; "
+        "revisions = builtins.attrNames o.fetchModel.revisions.example; }"
+    )
+    names = set(_pins()["models"])
+    assert examples["targets"] and set(examples["targets"]) <= names
+    assert examples["revisions"] and set(examples["revisions"]) <= names
+    text = (REPO / "modules" / "qwen3090" / "default.nix").read_text()
+    for stale in ("dflash2-draft", "revisions.target", 'target = "0123'):
+        assert stale not in text
