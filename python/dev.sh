@@ -130,11 +130,19 @@ case "$cmd" in
     ;;
   test)
     ensure_venv cpu
-    # The module-evaluation tests need nixpkgs' lib, which cannot be fetched at test time:
-    # use a checkout left in the cache dir when there is one (the tests say when they skip).
-    lib_cache=${XDG_CACHE_HOME:-$HOME/.cache}/qwen3090/nixpkgs-lib
-    if [ -z "${NIXPKGS_LIB:-}" ] && [ -d "$lib_cache/lib" ]; then
-      export NIXPKGS_LIB=$lib_cache
+    # The module-evaluation tests need nixpkgs' lib, which cannot be fetched at test time.
+    # Unless NIXPKGS_LIB names one, use the unmodified copy CI keeps beside the checkout
+    # (../shared/nixpkgs-lib, never copied in), else a checkout left in the cache dir; the
+    # tests say when they skip for want of one.
+    if [ -z "${NIXPKGS_LIB:-}" ]; then
+      for lib_dir in "$root/../shared/nixpkgs-lib" \
+        "${XDG_CACHE_HOME:-$HOME/.cache}/qwen3090/nixpkgs-lib"; do
+        if [ -f "$lib_dir/lib/default.nix" ]; then
+          NIXPKGS_LIB=$(cd "$lib_dir" && pwd)
+          export NIXPKGS_LIB
+          break
+        fi
+      done
     fi
     cd "$here"
     fast=0
