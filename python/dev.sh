@@ -123,8 +123,9 @@ case "$cmd" in
       export NIXPKGS_LIB=$lib_cache
     fi
     cd "$here"
-    log "ruff"; "$venv/bin/ruff" check qwen3090 tests benchmarks
-    log "mypy"; "$venv/bin/mypy" qwen3090 tests benchmarks
+    # ../patches/overlay: the files the series adds to vLLM, checked like the package.
+    log "ruff"; "$venv/bin/ruff" check qwen3090 tests benchmarks ../patches/overlay
+    log "mypy"; "$venv/bin/mypy" qwen3090 tests benchmarks ../patches/overlay
     log "pytest"
     set +e
     "$venv/bin/python" -m pytest "$@"

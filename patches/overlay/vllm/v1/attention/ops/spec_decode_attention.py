@@ -23,30 +23,48 @@
 # On sm_90 (Hopper) the split pass is the warp-specialised Gluon kernel of
 # spec_decode_attention_hopper.py (TMA loads in their own warp, 64-row
 # warpgroups); everywhere else, and for caches TMA cannot address, the
-# portable Triton split pass below. Both write the same partials.
+# portable Triton split pass below. Both write the same partials. The launch
+# planner, which decides from shapes only, is spec_decode_attention_plan.py.
 
-from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 import torch
 
 from vllm.logger import init_logger
 from vllm.triton_utils import tl, triton
+from vllm.v1.attention.ops.spec_decode_attention_plan import (
+    DEFAULT_SHARED_MEM,
+    MAX_BLOCK_M,
+    MAX_SEGMENTS,
+    MIN_SEGMENT_TOKENS,
+    WORKSPACE_BUDGET_BYTES,
+    LaunchPlan,
+    WorkspaceShape,
+    plan_launch,
+    plan_smem,
+)
+
+# The planner's names stay importable from here, where vLLM's backends and
+# qwen3090's tests and benchmark look for them.
+__all__ = [
+    "MAX_BLOCK_M",
+    "MAX_SEGMENTS",
+    "MIN_SEGMENT_TOKENS",
+    "WORKSPACE_BUDGET_BYTES",
+    "LaunchPlan",
+    "SpecDecodeAttention",
+    "SpecDecodeWorkspace",
+    "get_workspace",
+    "hopper_available",
+    "plan_launch",
+    "plan_smem",
+    "spec_decode_attention",
+]
 
 logger = init_logger(__name__)
 
 # The kernels run the softmax in base 2 (exp2 is one instruction).
 _LOG2E = 1.4426950408889634
-# Rows of one query tile (query tokens x heads per kv head). 128 rows of
-# head_dim 256 keep the fp32 accumulator at 128 registers/thread with 8 warps.
-MAX_BLOCK_M = 128
-# Segment-count ceiling per launch.
-MAX_SEGMENTS = 128
-# A segment never covers fewer KV tokens than this (see plan_launch).
-MIN_SEGMENT_TOKENS = 256
-# Workspace budget: segments per slot are granted up to this many bytes; a
-# workspace always has at least one slot per (token, head).
-WORKSPACE_BUDGET_BYTES = 64 << 20
 
 
 @triton.jit
@@ -123,7 +141,9 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if MASKED:
+    # A constexpr branch (only the taken one is compiled), kept as statements
+    # rather than a conditional expression, as the K load above it is.
+    if MASKED:  # noqa: SIM108
         v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
@@ -347,43 +367,14 @@ def _spec_decode_reduce_kernel(
     )
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
-    """Shapes of one split-KV launch (also what the tests inspect)."""
-
-    block_m: int
-    block_q: int
-    q_tiles: int
-    tile_n: int
-    num_segments: int
-    min_segment_tokens: int
-    num_warps: int
-    num_stages: int
-    bt_lookahead: int
-    split_grid: tuple[int, int, int]
-    reduce_grid: tuple[int, int] | None
-    # "triton" (portable) or "hopper" (warp-specialised, sm_90); the Hopper
-    # kernel's consumer warpgroups and query tokens per warpgroup.
-    kernel: str = "triton"
-    num_wg: int = 0
-    wg_q: int = 0
+_HOPPER: list[ModuleType | None] = []
 
 
-def _next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def _prev_pow2(n: int) -> int:
-    return 0 if n <= 0 else 1 << (n.bit_length() - 1)
-
-
-_HOPPER: list[Any] = []
-
-
-def _hopper_module() -> Any:
+def _hopper_module() -> ModuleType | None:
     """spec_decode_attention_hopper, or None where this Triton lacks Gluon's
     Hopper API (imported once, on first use: only CUDA workspaces ask)."""
     if not _HOPPER:
+        mod: ModuleType | None
         try:
             from vllm.v1.attention.ops import spec_decode_attention_hopper as mod
         except Exception as exc:  # ImportError, or an API this Triton renamed
@@ -402,14 +393,9 @@ def hopper_available(device: torch.device) -> bool:
     )
 
 
-class SpecDecodeWorkspace:
-    """Partial-softmax scratch, sized once and never reallocated (gotcha 17).
-
-    ``max_tokens`` = max_num_seqs x QMAX bounds the query tokens of any batch
-    this path accepts. Each (token, head) gets ``segments_per_token`` slots;
-    a batch with fewer tokens may use more segments per token, as long as
-    tokens x segments stays within the same slots.
-    """
+class SpecDecodeWorkspace(WorkspaceShape):
+    """Partial-softmax scratch, sized once and never reallocated (gotcha 17);
+    its shape (what the planner reads) is the WorkspaceShape it extends."""
 
     def __init__(
         self,
@@ -419,30 +405,23 @@ class SpecDecodeWorkspace:
         device: torch.device,
         num_sms: int,
         budget_bytes: int = WORKSPACE_BUDGET_BYTES,
-        max_shared_mem: int = 227 << 10,
+        max_shared_mem: int = DEFAULT_SHARED_MEM,
         hopper: bool = False,
     ) -> None:
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        # A slot: head_size fp32 partial outputs plus an fp32 max and sum.
-        per_segment = max_tokens * num_heads * (head_size + 2) * 4
-        self.segments_per_token = max(
-            1, min(MAX_SEGMENTS, _prev_pow2(budget_bytes // per_segment))
+        super().__init__(
+            max_tokens,
+            num_heads,
+            head_size,
+            num_sms,
+            budget_bytes=budget_bytes,
+            max_shared_mem=max_shared_mem,
+            hopper=hopper,
         )
-        self.max_tokens = max_tokens
-        self.num_heads = num_heads
-        self.head_size = head_size
-        self.num_sms = num_sms
-        # Shared memory a program may use; plan_launch sizes tiles to fit, and
-        # a launch that still runs out shrinks it (see SpecDecodeAttention).
-        self.max_shared_mem = max_shared_mem
-        # Plans use the warp-specialised Hopper split pass (see hopper_available).
-        self.hopper = hopper
-        slots = max_tokens * num_heads * self.segments_per_token
-        self.slots_per_head = max_tokens * self.segments_per_token
-        self.part_out = torch.empty(slots * head_size, dtype=torch.float32, device=device)
-        self.part_max = torch.empty(slots, dtype=torch.float32, device=device)
-        self.part_sum = torch.empty(slots, dtype=torch.float32, device=device)
+        self.part_out = torch.empty(
+            self.slots * head_size, dtype=torch.float32, device=device
+        )
+        self.part_max = torch.empty(self.slots, dtype=torch.float32, device=device)
+        self.part_sum = torch.empty(self.slots, dtype=torch.float32, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -450,208 +429,6 @@ class SpecDecodeWorkspace:
             t.numel() * t.element_size()
             for t in (self.part_out, self.part_max, self.part_sum)
         )
-
-
-def _smem_estimate(block_m: int, tile_n: int, num_stages: int, head_size: int) -> int:
-    return (num_stages * 2 * tile_n + block_m) * head_size * 2
-
-
-def _hopper_smem_estimate(num_wg: int, tile_n: int, num_stages: int, head_size: int) -> int:
-    # K and V stages plus each warpgroup's 64 query rows, and room for the
-    # mbarriers and alignment (Triton allocated 248 bytes more than the tiles).
-    return (num_stages * 2 * tile_n + num_wg * 64) * head_size * 2 + 512
-
-
-def plan_smem(plan: "LaunchPlan", head_size: int) -> int:
-    """Estimated shared memory of one split program of this plan."""
-    if plan.kernel == "hopper":
-        return _hopper_smem_estimate(plan.num_wg, plan.tile_n, plan.num_stages, head_size)
-    return _smem_estimate(plan.block_m, plan.tile_n, plan.num_stages, head_size)
-
-
-def _hopper_shape_ok(head_size: int, group: int) -> bool:
-    # Whole 64-column head_dim chunks (one accumulator each, at most four),
-    # and one query token's heads within a 64-row warpgroup.
-    return head_size % 64 == 0 and head_size <= 256 and group <= 64
-
-
-def _plan_hopper(
-    num_seqs: int,
-    max_query_len: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    workspace: SpecDecodeWorkspace,
-    num_segments: int | None,
-    tile_n: int | None,
-    num_stages: int | None,
-    min_segment_tokens: int | None,
-) -> "LaunchPlan":
-    g = num_heads // num_kv_heads
-    # One consumer warpgroup of 64 rows while the verify block fits (q <= 10
-    # at G=6), else two; longer blocks take more query tiles.
-    per_wg = 64 // g
-    num_wg = 1 if max_query_len <= per_wg else 2
-    wg_q = min(per_wg, -(-max_query_len // num_wg))
-    block_q = wg_q * num_wg
-    q_tiles = -(-max_query_len // block_q)
-    # H200 (python/benchmarks/spec_decode_attn.md): 64-token tiles in two
-    # stages beat 32-token ones in three or four (192 KiB with two warpgroups,
-    # 160 KiB with one); either way one program per SM.
-    if tile_n is None:
-        tile_n = 64
-    if num_stages is None:
-        num_stages = 2
-    while _hopper_smem_estimate(num_wg, tile_n, num_stages, head_size) > workspace.max_shared_mem:
-        if num_stages > 2:
-            num_stages -= 1
-        elif tile_n > 16:
-            tile_n //= 2
-        elif num_stages > 1:
-            num_stages -= 1
-        else:
-            break
-    if num_segments is None:
-        programs = num_seqs * q_tiles * num_kv_heads
-        capacity = workspace.slots_per_head // max(num_seqs * max_query_len, 1)
-        num_segments = max(
-            1,
-            min(MAX_SEGMENTS, _prev_pow2(workspace.num_sms // programs), _prev_pow2(capacity)),
-        )
-    if num_segments < 1 or num_segments & (num_segments - 1):
-        raise ValueError(f"num_segments must be a power of two, got {num_segments}")
-    if min_segment_tokens is None:
-        rows = min(max_query_len, block_q) * g
-        min_segment_tokens = max(MIN_SEGMENT_TOKENS, _next_pow2(4 * rows))
-    min_segment_tokens = -(-min_segment_tokens // tile_n) * tile_n
-    return LaunchPlan(
-        block_m=64 * num_wg,
-        block_q=block_q,
-        q_tiles=q_tiles,
-        tile_n=tile_n,
-        num_segments=num_segments,
-        min_segment_tokens=min_segment_tokens,
-        num_warps=4,
-        num_stages=num_stages,
-        bt_lookahead=0,
-        split_grid=(num_seqs * q_tiles, num_kv_heads, num_segments),
-        # The Hopper split pass always leaves partials, even in one segment.
-        reduce_grid=(num_seqs * max_query_len, num_heads),
-        kernel="hopper",
-        num_wg=num_wg,
-        wg_q=wg_q,
-    )
-
-
-def plan_launch(
-    num_seqs: int,
-    max_query_len: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    workspace: SpecDecodeWorkspace,
-    num_segments: int | None = None,
-    tile_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    min_segment_tokens: int | None = None,
-    block_m: int | None = None,
-    bt_lookahead: int | None = None,
-    kernel: str | None = None,
-) -> LaunchPlan:
-    """Choose tiles and segments from shapes only (never from context lengths,
-    which a captured graph does not see change). Defaults come from an H200
-    sweep (python/benchmarks/spec_decode_attn.md in qwen3090)."""
-    g = num_heads // num_kv_heads
-    if kernel is None:
-        kernel = (
-            "hopper" if workspace.hopper and _hopper_shape_ok(head_size, g) else "triton"
-        )
-    if kernel == "hopper":
-        if not _hopper_shape_ok(head_size, g):
-            raise ValueError(
-                f"the Hopper split pass takes head sizes in 64-column chunks up to "
-                f"256 and at most 64 heads per kv head, not {head_size} / {g}"
-            )
-        return _plan_hopper(
-            num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
-            num_segments, tile_n, num_stages, min_segment_tokens,
-        )
-    if kernel != "triton":
-        raise ValueError(f"kernel must be 'triton' or 'hopper', not {kernel!r}")
-    if block_m is None:
-        block_m = min(MAX_BLOCK_M, _next_pow2(max_query_len * g))
-    block_m = max(16, block_m, _next_pow2(g))
-    block_q = block_m // g
-    q_tiles = -(-max_query_len // block_q)
-    tokens_bound = num_seqs * max_query_len
-    capacity = workspace.slots_per_head // max(tokens_bound, 1)
-    # A 128-row tile fills an SM's shared memory (one program per SM); smaller
-    # tiles run two per SM. Aim for one full wave of programs: fewer, longer
-    # segments cost less partial-output traffic than extra waves.
-    per_sm = 1 if block_m >= 128 else 2
-    if num_segments is None:
-        programs = num_seqs * q_tiles * num_kv_heads
-        want = _prev_pow2(per_sm * workspace.num_sms // programs)
-        num_segments = max(1, min(MAX_SEGMENTS, want, _prev_pow2(capacity)))
-    # 32-token KV tiles with the block table read a tile ahead: the loads of
-    # three tiles in flight, and no spilled registers at 128 rows (64-token
-    # tiles spill there; see the sweeps in the benchmark notes).
-    if num_segments < 1 or num_segments & (num_segments - 1):
-        raise ValueError(f"num_segments must be a power of two, got {num_segments}")
-    if tile_n is None:
-        tile_n = 32
-    if num_warps is None:
-        num_warps = 8 if block_m >= 128 else 4
-    if num_stages is None:
-        # Two 64-row programs share an SM; two stages leave room for both. A
-        # 128-row program has an SM to itself: four stages (192 KiB with its
-        # query tile) measured 0.5-1.5% faster than three.
-        num_stages = 2 if block_m == 64 else 4 if block_m >= 128 else 3
-    # Block-table entries are read this many tiles ahead of their K/V loads: 1, or 0
-    # (in the same iteration, kept for the benchmark's comparison; H200: 1.45x slower).
-    if bt_lookahead is None:
-        bt_lookahead = 1
-    if bt_lookahead not in (0, 1):
-        raise ValueError(f"bt_lookahead must be 0 or 1, got {bt_lookahead}")
-    # Fit shared memory (an RTX 3090 allows 99 KiB a program, an H200 227):
-    # K and V tiles per stage plus the query tile. Keep two stages as long as
-    # possible (narrower KV tiles first), then give up pipelining, then query
-    # rows (more query tiles).
-    while _smem_estimate(block_m, tile_n, num_stages, head_size) > workspace.max_shared_mem:
-        if num_stages > 2:
-            num_stages -= 1
-        elif tile_n > 16:
-            tile_n //= 2
-        elif num_stages > 1:
-            num_stages -= 1
-        elif block_m > max(16, _next_pow2(g)):
-            block_m //= 2
-            block_q = block_m // g
-            q_tiles = -(-max_query_len // block_q)
-        else:
-            break
-    if min_segment_tokens is None:
-        # Partial outputs cost rows x 4 bytes per head_size element against
-        # segment tokens x 4 (bf16 K and V): keep them near 1/4 of the KV.
-        rows = min(max_query_len, block_q) * g
-        min_segment_tokens = max(MIN_SEGMENT_TOKENS, _next_pow2(4 * rows))
-    # Whole tiles only: the split pass walks a segment tile by tile.
-    min_segment_tokens = -(-min_segment_tokens // tile_n) * tile_n
-    reduce_grid = None if num_segments == 1 else (num_seqs * max_query_len, num_heads)
-    return LaunchPlan(
-        block_m=block_m,
-        block_q=block_q,
-        q_tiles=q_tiles,
-        tile_n=tile_n,
-        num_segments=num_segments,
-        min_segment_tokens=min_segment_tokens,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        bt_lookahead=bt_lookahead,
-        split_grid=(num_seqs * q_tiles, num_kv_heads, num_segments),
-        reduce_grid=reduce_grid,
-    )
 
 
 def _launch_triton_split(
@@ -739,20 +516,21 @@ def spec_decode_attention(
             num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace
         )
     hopper = _hopper_module() if plan.kernel == "hopper" else None
-    if plan.kernel == "hopper":
-        if hopper is None or not hopper.tma_compatible(key_cache, value_cache, plan.tile_n):
-            # A cache TMA cannot address (block size, strides, alignment): the
-            # portable split pass, same partials.
-            logger.warning_once(
-                "spec-decode attention: this KV cache layout (block size %d, strides "
-                "%s) does not suit the Hopper split pass; using the Triton one",
-                block_size,
-                tuple(key_cache.stride()),
-            )
-            plan = plan_launch(
-                num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
-                kernel="triton",
-            )
+    if plan.kernel == "hopper" and (
+        hopper is None or not hopper.tma_compatible(key_cache, value_cache, plan.tile_n)
+    ):
+        # A cache TMA cannot address (block size, strides, alignment): the
+        # portable split pass, same partials.
+        logger.warning_once(
+            "spec-decode attention: this KV cache layout (block size %d, strides "
+            "%s) does not suit the Hopper split pass; using the Triton one",
+            block_size,
+            tuple(key_cache.stride()),
+        )
+        plan = plan_launch(
+            num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
+            kernel="triton",
+        )
     if plan.num_segments > 1 or plan.kernel == "hopper":
         needed = num_seqs * max_query_len * plan.num_segments
         if needed > workspace.slots_per_head:
@@ -760,7 +538,7 @@ def spec_decode_attention(
                 f"spec-decode attention workspace holds {workspace.slots_per_head} "
                 f"token-segments per head, this batch needs {needed}"
             )
-    if plan.kernel == "hopper":
+    if plan.kernel == "hopper" and hopper is not None:
         hopper.ws_split(
             q,
             key_cache,
@@ -817,7 +595,7 @@ def get_workspace(
     key = (str(device), num_heads, head_size, max_tokens)
     ws = _WORKSPACES.get(key)
     if ws is None:
-        smem = 227 << 10
+        smem = DEFAULT_SHARED_MEM
         if device.type == "cuda":
             props = torch.cuda.get_device_properties(device)
             num_sms = props.multi_processor_count

@@ -13,9 +13,8 @@
 # It writes the same (max, sum, normalised output) partials as the Triton
 # split pass, so the reduce pass is shared. Planned by plan_launch in
 # spec_decode_attention.py (head sizes of up to four 64-column chunks) and
-# used only where tma_compatible() holds; otherwise the Triton split pass runs.
-
-import math
+# used only where tma_compatible() holds (spec_decode_attention_plan.py);
+# otherwise the Triton split pass runs.
 
 import torch
 from triton.experimental import gluon
@@ -28,6 +27,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from vllm.v1.attention.ops.spec_decode_attention_plan import box_tokens, tma_compatible
+
+# box_tokens and tma_compatible live with the planner (no Triton import, tested
+# on their own); spec_decode_attention.py asks this module for them.
+__all__ = ["box_tokens", "tma_compatible", "ws_split"]
 
 # Triton 3.9 renamed the TMA load; 3.6 and 3.7 have only the old name.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -42,35 +47,6 @@ CHUNK = gl.constexpr(64)
 MAXNREG = 168
 CONSUMER_REGS = gl.constexpr(240)
 LOADER_REGS = gl.constexpr(24)
-
-
-def box_tokens(block_size: int, tile_n: int) -> int | None:
-    """Tokens per TMA box: the largest run that divides both the tile and the
-    cache block, so that no box crosses a block (tiles start at multiples of
-    tile_n); None if it would split the 8-row swizzle atom. Hybrid models'
-    attention blocks (864, 944, ... tokens) get 32- or 16-token boxes."""
-    box = math.gcd(block_size, tile_n)
-    return None if box % 8 else box
-
-
-def tma_compatible(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, tile_n: int
-) -> bool:
-    """The paged caches as one 2-D TMA view each: rows (block, slot) at a
-    fixed stride, 16-byte aligned; K and V laid out alike; whole boxes."""
-    if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
-        return False
-    if box_tokens(key_cache.shape[1], tile_n) is None:
-        return False
-    s_blk, s_slot, s_head = key_cache.stride()[:3]
-    size = key_cache.element_size()
-    return (
-        s_blk % s_slot == 0
-        and (s_slot * size) % 16 == 0
-        and (s_head * size) % 16 == 0
-        and key_cache.data_ptr() % 16 == 0
-        and value_cache.data_ptr() % 16 == 0
-    )
 
 
 def _descriptors(
