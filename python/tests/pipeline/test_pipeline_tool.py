@@ -625,3 +625,16 @@ def test_later_patch_editing_an_added_file_verifies_both(tmp_path: Path) -> None
     first = report.patches[0].files[0]
     assert first.path == NEW and not first.applied
     assert "also after undoing edit: differs from overlay/" in first.detail
+
+
+def test_the_repository_series_adds_files_only_through_the_overlay() -> None:
+    # New vLLM files are kept whole under patches/overlay/ (linted, type-checked, tested);
+    # a new-file section inside a diff would hide one from all three again.
+    series = patchtool.load_series(Path(__file__).resolve().parents[3] / "patches")
+    for p in series.patches:
+        assert [s.path for s in p.sections if s.creates] == [], p.file
+    added = {p.name: p.header.adds for p in series.patches if p.header.adds}
+    ops = "vllm/v1/attention/ops/"
+    assert added == {"spec-decode-attn": (ops + "spec_decode_attention.py",
+                                          ops + "spec_decode_attention_hopper.py",
+                                          ops + "spec_decode_attention_plan.py")}
