@@ -147,12 +147,14 @@ case "$cmd" in
     cd "$here"
     fast=0
     if [ "${1:-}" = --fast ]; then fast=1; shift; fi
-    log "ruff"; "$venv/bin/ruff" check qwen3090 tests benchmarks
+    # ../patches/overlay: the files the series adds to vLLM, checked like the package.
+    lint_paths=(qwen3090 tests benchmarks ../patches/overlay)
+    log "ruff"; "$venv/bin/ruff" check "${lint_paths[@]}"
     if [ $fast = 1 ]; then
       log "pytest: the unit tier, in parallel"
       exec "$venv/bin/python" -m pytest -m unit -n auto "$@"
     fi
-    log "mypy"; "$venv/bin/mypy" qwen3090 tests benchmarks
+    log "mypy"; "$venv/bin/mypy" "${lint_paths[@]}"
     # pytest's 5 means it collected nothing: that is a failure of this command, not a pass.
     if [ $# -gt 0 ]; then
       log "pytest $*"
