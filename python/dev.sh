@@ -123,8 +123,8 @@ case "$cmd" in
       export NIXPKGS_LIB=$lib_cache
     fi
     cd "$here"
-    log "ruff"; "$venv/bin/ruff" check qwen3090 tests benchmarks
-    log "mypy"; "$venv/bin/mypy" qwen3090 tests benchmarks
+    log "ruff"; "$venv/bin/ruff" check --config pyproject.toml qwen3090 tests benchmarks ../nix/build ../nix/closure
+    log "mypy"; "$venv/bin/mypy" qwen3090 tests benchmarks ../nix/build
     log "pytest"
     set +e
     "$venv/bin/python" -m pytest "$@"

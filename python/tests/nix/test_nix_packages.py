@@ -110,7 +110,8 @@ def test_flake_keeps_gpu_checks_out_of_checks(tmp_path: Path) -> None:
     # It refuses CUDA settings: they do nothing for wheels but make nixpkgs rebuild.
     (fake_nixpkgs / "default.nix").write_text(
         f"{{ system, config ? {{ }} }}: "
-        'assert config == { allowUnfree = true; } || throw "nixpkgs config: ${builtins.toJSON config}"; '
+        "assert config == { allowUnfree = true; } "
+        '|| throw "nixpkgs config: ${builtins.toJSON config}"; '
         f"import {STUB} {{ lib = import {nixpkgs_lib()}; }}\n"
     )
     got = eval_json(
