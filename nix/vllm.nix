@@ -18,7 +18,7 @@
   closure,
   # A source tree holding python/qwen3090/patchtool.py and patches/.
   seriesSrc,
-  # nix/build: vllm.py (the install step) and decisions.json, shared with the replay tier.
+  # nix/build: patched_vllm.py (the install step) and decisions.json, shared with the replay tier.
   buildScripts ? ./build,
 }:
 let
@@ -69,7 +69,7 @@ stdenv.mkDerivation (finalAttrs: {
   # script the nix-replay tier runs on the same wheel.
   installPhase = ''
     runHook preInstall
-    ${python.interpreter} ${buildScripts}/vllm.py install --wheel "$src" --site ${site} \
+    ${python.interpreter} ${buildScripts}/patched_vllm.py install --wheel "$src" --site ${site} \
       --series-src ${seriesSrc} --jobs "$NIX_BUILD_CORES"
     runHook postInstall
   '';

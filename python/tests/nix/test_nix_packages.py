@@ -70,8 +70,8 @@ def test_vllm_is_the_pinned_wheel_with_the_series_applied(wiring: dict[str, Any]
     assert wiring["vllmSrc"]["url"] == wheel["url"]
     assert wiring["vllmSrc"]["sha256"] == wheel["sha256"]
     phase = wiring["vllm"]["installPhase"]
-    # nix/build/vllm.py unpacks the wheel and runs python/qwen3090/patchtool.py apply.
-    assert "/vllm.py install --wheel \"$src\"" in phase
+    # nix/build/patched_vllm.py unpacks the wheel and runs python/qwen3090/patchtool.py apply.
+    assert "/patched_vllm.py install --wheel \"$src\"" in phase
     assert "--series-src /nix/store/" in phase
     assert wiring["vllm"]["autoPatchelfIgnoreMissingDeps"] == ["libcuda.so.1"]
     assert "/torch/lib" in wiring["vllm"]["preFixup"]

@@ -160,9 +160,14 @@ def replayed_session() -> Iterator[Replayed]:
     done = work / "replayed.json"
     if keep and done.is_file():
         # A development aid: QWEN3090_KEEP_REPLAY=1 keeps the work directory and reuses it.
-        yield Replayed(**{k: Path(v) if k.endswith(("closure", "tools", "site", "wrapper",
-                                                     "work", "coreutils")) else v
-                          for k, v in json.loads(done.read_text()).items()})
+        saved: dict[str, str] = json.loads(done.read_text())
+        yield Replayed(
+            work=Path(saved["work"]), closure=Path(saved["closure"]),
+            closure_log=saved["closure_log"], test_tools=Path(saved["test_tools"]),
+            vllm_site=Path(saved["vllm_site"]), vllm_log=saved["vllm_log"],
+            wrapper=Path(saved["wrapper"]), tools=Path(saved["tools"]),
+            coreutils=Path(saved["coreutils"]),
+        )
         return
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -183,9 +188,9 @@ def replayed_session() -> Iterator[Replayed]:
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
         vllm_site = work / "vllm" / "lib" / f"python{PYTHON}" / "site-packages"
-        print("[nix-replay] installing the patched vLLM (nix/build/vllm.py)", flush=True)
+        print("[nix-replay] installing the patched vLLM (nix/build/patched_vllm.py)", flush=True)
         vllm_proc = run([
-            str(closure / "bin" / "python"), str(BUILD / "vllm.py"), "install",
+            str(closure / "bin" / "python"), str(BUILD / "patched_vllm.py"), "install",
             "--wheel", str(vllm_wheel), "--site", str(vllm_site),
             "--series-src", str(REPO), "--jobs", str(os.cpu_count() or 1),
         ])

@@ -68,13 +68,13 @@ def bad_path(p: str, env: dict[str, str]) -> bool:
 def test_table_leaves_out_what_the_server_never_imports() -> None:
     # lock2table.py's exclusion list, as the generated table records it. (Read here, not at
     # import: checks.python-tests collects this file in a source without nix/.)
-    EXCLUDED: dict[str, str] = replay.table()["excluded"]  # noqa: N806
+    excluded: dict[str, str] = replay.table()["excluded"]
     names = {w["name"] for part in ("runtime", "test") for w in replay.wheel_set(part)}
-    assert not names & set(EXCLUDED), names & set(EXCLUDED)
-    assert {"torchcodec", "pynvvideocodec", "torchaudio", "tokenspeed-mla"} <= set(EXCLUDED)
+    assert not names & set(excluded), names & set(excluded)
+    assert {"torchcodec", "pynvvideocodec", "torchaudio", "tokenspeed-mla"} <= set(excluded)
     # The second Triton went with tokenspeed-mla.
     assert "tokenspeed-triton" not in names and "triton" in names
-    assert all(len(reason) > 40 for reason in EXCLUDED.values())
+    assert all(len(reason) > 40 for reason in excluded.values())
 
 
 def test_closure_installs_as_the_install_phase_does(replayed: Replayed) -> None:
