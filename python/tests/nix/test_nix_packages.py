@@ -128,6 +128,16 @@ def test_flake_keeps_gpu_checks_out_of_checks(tmp_path: Path) -> None:
     assert got["gpu"] == {"gpu-gate": ["cuda"], "gpu-serve-demo": ["cuda"]}
 
 
+def test_python_tests_check_runs_in_the_whole_source() -> None:
+    # The unit tests read ../patches/series and ../modules/prometheus/rules.yml: the check
+    # copies the whole filtered source and runs in its python/ directory.
+    script = eval_json(built() + "checks.python-tests.drvAttrs.buildCommand")
+    assert "cp -r /nix/store/00000000000000000000000000000000-source source\n" in script
+    assert "cd source/python\n" in script
+    parts = eval_json(f"(import {REPO}/nix/sources.nix).src")
+    assert {"modules", "patches", "python/qwen3090", "python/tests"} <= set(parts)
+
+
 def test_tokenizer_check_refuses_a_dir_without_tokenizer() -> None:
     script = eval_json(built() + "checks.tokenizer.drvAttrs.buildCommand")
     assert "qwen3090 check model demo" in script
