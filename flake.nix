@@ -19,37 +19,25 @@
       # vLLM's CUDA wheel exists for x86_64 Linux only; the deployment is one RTX 3090.
       system = "x86_64-linux";
 
-      # A nixpkgs of our own: the CUDA wheels are unfree-redistributable, and Ampere (sm_86)
-      # is the only architecture anything here would ever be built for.
+      # A nixpkgs of our own: the CUDA wheels are unfree-redistributable. No cudaSupport or
+      # cudaCapabilities: CUDA comes from the pinned wheels, and those settings would only make
+      # nixpkgs rebuild its own packages with CUDA instead of taking them from the cache.
       pkgs = import nixpkgs {
         inherit system;
-        config = {
-          allowUnfree = true;
-          cudaSupport = true;
-          cudaCapabilities = [ "8.6" ];
+        config.allowUnfree = true;
+      };
+
+      # Only what the builds and checks read (nix/sources.nix, shared with the replay tier),
+      # so editing docs rebuilds nothing.
+      sources = import ./nix/sources.nix;
+      sourceOf =
+        parts:
+        lib.fileset.toSource {
+          root = ./.;
+          fileset = lib.fileset.unions (map (p: ./. + "/${p}") parts);
         };
-      };
-
-      # Only what the builds read, so editing docs or tests of other tiers rebuilds nothing.
-      src = lib.fileset.toSource {
-        root = ./.;
-        fileset = lib.fileset.unions [
-          ./patches
-          ./python/pyproject.toml
-          ./python/qwen3090
-          ./python/tests
-        ];
-      };
-
-      # The patched vLLM reads only the series and the tool that applies it, so a change
-      # elsewhere in the Python package never rebuilds it.
-      seriesSrc = lib.fileset.toSource {
-        root = ./.;
-        fileset = lib.fileset.unions [
-          ./patches
-          ./python/qwen3090/patchtool.py
-        ];
-      };
+      src = sourceOf sources.src;
+      seriesSrc = sourceOf sources.series;
 
       builtFor =
         p:
@@ -92,6 +80,14 @@
         inherit pkgs lib built src;
         inherit (lib) nixosSystem;
         nixosModule = self.nixosModules.qwen3090;
+      };
+
+      # The GPU checks are not in `checks`: a builder without the `cuda` system feature would
+      # make `nix flake check` fail on them. Build them on the GPU machine, by name:
+      #   nix build .#gpuChecks.gpu-gate .#gpuChecks.gpu-serve-demo
+      legacyPackages.${system}.gpuChecks = import ./checks/gpu.nix {
+        inherit (pkgs) runCommand curl;
+        inherit (built) qwen3090;
       };
 
       devShells.${system}.default = pkgs.mkShell {

@@ -1,5 +1,6 @@
-# Everything `nix flake check` runs on x86_64-linux. The GPU checks carry
-# requiredSystemFeatures = [ "cuda" ], so only a GPU builder picks them up.
+# Everything `nix flake check` runs on x86_64-linux: none of it needs a GPU. The GPU checks
+# (checks/gpu.nix) are the flake's legacyPackages.x86_64-linux.gpuChecks, built by name on a
+# builder with the `cuda` system feature.
 {
   pkgs,
   lib,
@@ -19,9 +20,4 @@
     inherit (built) qwen3090 testTools;
     inherit src;
   };
-}
-# import, not callPackage: callPackage would add `override` to this set of checks.
-// import ./gpu.nix {
-  inherit (pkgs) runCommand curl;
-  inherit (built) qwen3090;
 }

@@ -1,6 +1,12 @@
-# GPU checks: they need a builder with an NVIDIA GPU that advertises the `cuda` system
-# feature (NixOS: programs.nix-required-mounts.presets.nvidia-gpu.enable = true and
-# nix.settings.system-features = [ "cuda" ... ]); everywhere else they are never scheduled.
+# GPU checks: the flake's legacyPackages.x86_64-linux.gpuChecks, not `checks` (a builder
+# without a GPU would fail `nix flake check` on them). Build them by name on a builder with an
+# NVIDIA GPU that advertises the `cuda` system feature (NixOS:
+# programs.nix-required-mounts.presets.nvidia-gpu.enable = true and
+# nix.settings.system-features = [ "cuda" ... ]):
+#   nix build .#gpuChecks.gpu-gate .#gpuChecks.gpu-serve-demo
+# Inside the build the cc-wrapper drops -L/run/opengl-driver/lib (NIX_ENFORCE_PURITY); the
+# qwen3090 wrapper links the driver's libraries into $TMPDIR, the build directory, which it
+# keeps, so Triton links libcuda there.
 {
   runCommand,
   curl,

@@ -14,6 +14,9 @@
   patchelf,
   zlib,
   pins,
+  # nix/build: the install step (closure.py) and decisions.json (native dependencies,
+  # collisions), shared with the nix-replay test tier.
+  buildScripts ? ./build,
   # "runtime": the closure above; "test": only what checks.python-tests adds on top of it
   # (pytest, hypothesis and their pure-Python dependencies), put on PYTHONPATH beside it.
   part ? "runtime",
@@ -30,6 +33,16 @@ let
   ) entries;
   # `installer` only runs at build time; it is not part of the closure.
   installer = python.pkgs.installer;
+  decisions = lib.importJSON (buildScripts + "/decisions.json");
+  own = decisions.closure;
+  providers = {
+    "stdenv.cc.cc.lib" = stdenv.cc.cc.lib;
+    inherit zlib;
+  };
+  entriesOf = set: builtins.removeAttrs set [ "_comment" ];
+  provider =
+    name:
+    providers.${name} or (throw "qwen3090: nix/build/decisions.json names an unknown provider ${name}");
 in
 stdenv.mkDerivation {
   pname = "qwen3090-python-" + (if part == "runtime" then "closure" else part);
@@ -44,29 +57,19 @@ stdenv.mkDerivation {
     autoAddDriverRunpath
     patchelf
   ];
-  # What the manylinux wheels expect from the host besides glibc.
-  buildInputs = [
-    stdenv.cc.cc.lib
-    zlib
-  ];
+  # What the manylinux wheels expect from the host besides glibc, and what stays missing on
+  # purpose: both from nix/build/decisions.json, with the reason for each soname there.
+  buildInputs = lib.unique (lib.mapAttrsToList (_: p: provider p.by) (entriesOf own.provided));
+  autoPatchelfIgnoreMissingDeps = builtins.attrNames (entriesOf own.ignored);
 
-  autoPatchelfIgnoreMissingDeps = [
-    # The userspace driver: it belongs to the running kernel module and comes from
-    # /run/opengl-driver/lib at run time (autoAddDriverRunpath), never from the store.
-    "libcuda.so.1"
-    "libnvidia-ml.so.1"
-  ];
-
+  # The same script the nix-replay tier runs on the same wheels: it fails on any file two
+  # wheels install unless decisions.json says which copies go.
   installPhase = ''
     runHook preInstall
-    ${python.interpreter} -m venv --without-pip "$out"
-    for whl in ${lib.escapeShellArgs wheels}; do
-      PYTHONPATH=${installer}/${python.sitePackages} \
-        "$out/bin/python" -m installer --no-compile-bytecode "$whl"
-    done
-    # Hash-checked pycs: a store path's mtime says nothing (gotcha 22).
-    "$out/bin/python" -m compileall -q -j "$NIX_BUILD_CORES" \
-      --invalidation-mode checked-hash "$out/${python.sitePackages}" || true
+    PYTHONPATH=${installer}/${python.sitePackages} ${python.interpreter} \
+      ${buildScripts}/closure.py install --prefix "$out" \
+      --decisions ${buildScripts}/decisions.json --jobs "$NIX_BUILD_CORES" \
+      ${lib.escapeShellArgs wheels}
     runHook postInstall
   '';
 

@@ -1,50 +1,44 @@
-# The `qwen3090` command (and `vllm`) running on the pinned closure with the patched vLLM.
-# Every decision lives in the Python package; this only puts the right interpreter, paths and
-# driver directory under it.
+# The `qwen3090` command (and `vllm`, `qwen3090-python`) running on the pinned closure with the
+# patched vLLM. Every decision lives in the Python package; the wrappers only put the right
+# interpreter, paths, compilers and driver libraries under it. nix/build/wrapper.py writes
+# them (and the nix-replay tier runs it with local paths and checks the environment).
 {
   lib,
-  stdenvNoCC,
-  makeWrapper,
+  stdenv,
+  runtimeShell,
+  coreutils,
+  which,
   closure,
   vllm,
   # A source tree holding python/qwen3090.
   src,
+  buildScripts ? ./build,
 }:
 let
   inherit (closure) python;
-  driverLib = "/run/opengl-driver/lib";
 in
-stdenvNoCC.mkDerivation (finalAttrs: {
+stdenv.mkDerivation (finalAttrs: {
   pname = "qwen3090";
   version = "0.1.0";
   inherit src;
 
-  nativeBuildInputs = [ makeWrapper ];
   dontConfigure = true;
   dontBuild = true;
 
+  # Run time, not build time: Triton compiles its CUDA launcher with $CC on first use (the
+  # reason nixpkgs' own triton and vllm point at stdenv.cc); FlashInfer JIT-builds its kernels
+  # with the closure's nvcc (nvidia-cuda-nvcc, CUDA_HOME), c++ and ninja, and looks for nvcc
+  # with `which`. nvcc runs the host compiler, which runs `as` and `ld` from the bintools.
   installPhase = ''
     runHook preInstall
-    site=$out/${python.sitePackages}
-    mkdir -p "$site"
-    cp -r python/qwen3090 "$site/"
-    find "$site" -name __pycache__ -prune -exec rm -rf {} +
-    ${closure}/bin/python -m compileall -q --invalidation-mode checked-hash "$site/qwen3090"
-
-    # PYTHONPATH (not a site hook) so that vLLM's own subprocesses - the model-registry probe,
-    # the engine core, API servers - inherit the same path: the reason nixpkgs' vllm carries
-    # its propagate-pythonpath patch.
-    wrapperArgs=(
-      --prefix PYTHONPATH : "$site:${vllm}/${python.sitePackages}"
-      --set QWEN3090_MANIFEST ${vllm.manifest}
-      # NVML and the CUDA driver are dlopen'ed by name (pynvml, Triton, cuda-bindings); on
-      # NixOS they live here, outside every RUNPATH of the interpreter.
-      --suffix LD_LIBRARY_PATH : ${driverLib}
-      --set-default TRITON_LIBCUDA_PATH ${driverLib}
-    )
-    makeWrapper ${closure}/bin/python "$out/bin/qwen3090" --add-flags "-m qwen3090" "''${wrapperArgs[@]}"
-    makeWrapper ${closure}/bin/python "$out/bin/vllm" --add-flags "-m vllm.entrypoints.cli.main" "''${wrapperArgs[@]}"
-    makeWrapper ${closure}/bin/python "$out/bin/qwen3090-python" "''${wrapperArgs[@]}"
+    ${closure}/bin/python ${buildScripts}/wrapper.py install --out "$out" --src . \
+      --python ${closure}/bin/python --site-rel ${python.sitePackages} \
+      --vllm-site ${vllm}/${python.sitePackages} --manifest ${vllm.manifest} \
+      --shell ${runtimeShell} --coreutils ${coreutils}/bin \
+      --cc ${stdenv.cc}/bin/cc --cxx ${stdenv.cc}/bin/c++ \
+      --cuda-home ${closure}/${python.sitePackages}/nvidia/cu13 \
+      --tool-path ${stdenv.cc}/bin --tool-path ${stdenv.cc.bintools}/bin \
+      --tool-path ${which}/bin
     runHook postInstall
   '';
 

@@ -18,11 +18,15 @@
   closure,
   # A source tree holding python/qwen3090/patchtool.py and patches/.
   seriesSrc,
+  # nix/build: patched_vllm.py (the install step) and decisions.json, shared with the replay tier.
+  buildScripts ? ./build,
 }:
 let
   wheel = pins.vllmWheel;
   site = "${placeholder "out"}/${python.sitePackages}";
   closureSite = "${closure}/${python.sitePackages}";
+  own = (lib.importJSON (buildScripts + "/decisions.json")).vllm;
+  entriesOf = set: builtins.removeAttrs set [ "_comment" ];
 in
 stdenv.mkDerivation (finalAttrs: {
   pname = "vllm-qwen3090";
@@ -42,29 +46,31 @@ stdenv.mkDerivation (finalAttrs: {
     autoPatchelfHook
     autoAddDriverRunpath
   ];
-  buildInputs = [ stdenv.cc.cc.lib ];
+  # GCC's runtime, the one provider decisions.json names for vLLM.
+  buildInputs = lib.unique (
+    lib.mapAttrsToList (
+      soname: p:
+      if p.by == "stdenv.cc.cc.lib" then
+        stdenv.cc.cc.lib
+      else
+        throw "qwen3090: nix/build/decisions.json: no provider ${p.by} for ${soname} in nix/vllm.nix"
+    ) (entriesOf own.provided)
+  );
 
   # The extension modules name libtorch*, libc10*, libcudart.so.13 and libnvrtc.so.13 without
-  # any RUNPATH (upstream relies on torch being imported first); point them at the closure.
-  preFixup = ''
-    addAutoPatchelfSearchPath ${closureSite}/torch/lib
-    for d in ${closureSite}/nvidia/*/lib ${closureSite}/nvidia/cu13/lib; do
-      [ -d "$d" ] && addAutoPatchelfSearchPath "$d"
-    done
-  '';
-  autoPatchelfIgnoreMissingDeps = [
-    # The userspace driver, from /run/opengl-driver/lib at run time (autoAddDriverRunpath).
-    "libcuda.so.1"
-  ];
+  # any RUNPATH (upstream relies on torch being imported first); point them at the closure's
+  # directories decisions.json lists (the replay resolves against the same ones).
+  preFixup = lib.concatMapStrings (
+    dir: "addAutoPatchelfSearchPath ${closureSite}/${dir}\n"
+  ) own.searchPaths;
+  autoPatchelfIgnoreMissingDeps = builtins.attrNames (entriesOf own.ignored);
 
+  # Unpack, apply the series with python/qwen3090/patchtool.py, drop the stale RECORD: the
+  # script the nix-replay tier runs on the same wheel.
   installPhase = ''
     runHook preInstall
-    mkdir -p ${site}
-    ${python.interpreter} -m zipfile -e "$src" ${site}
-    ${python.interpreter} ${seriesSrc}/python/qwen3090/patchtool.py apply \
-      --root ${site} --patches ${seriesSrc}/patches --jobs "$NIX_BUILD_CORES"
-    # The wheel's RECORD lists the unpatched hashes; nothing may "verify" against it.
-    rm -f ${site}/vllm-${pins.vllmVersion}.dist-info/RECORD
+    ${python.interpreter} ${buildScripts}/patched_vllm.py install --wheel "$src" --site ${site} \
+      --series-src ${seriesSrc} --jobs "$NIX_BUILD_CORES"
     runHook postInstall
   '';
 

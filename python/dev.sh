@@ -147,9 +147,10 @@ case "$cmd" in
     cd "$here"
     fast=0
     if [ "${1:-}" = --fast ]; then fast=1; shift; fi
-    # ../patches/overlay: the files the series adds to vLLM, checked like the package.
-    lint_paths=(qwen3090 tests benchmarks ../patches/overlay)
-    log "ruff"; "$venv/bin/ruff" check "${lint_paths[@]}"
+    # Checked like the package: ../patches/overlay (the files the series adds to vLLM) and
+    # ../nix/build (the derivations' build scripts); each folder's ruff.toml extends ours.
+    lint_paths=(qwen3090 tests benchmarks ../patches/overlay ../nix/build)
+    log "ruff"; "$venv/bin/ruff" check "${lint_paths[@]}" ../nix/closure
     if [ $fast = 1 ]; then
       log "pytest: the unit tier, in parallel"
       exec "$venv/bin/python" -m pytest -m unit -n auto "$@"

@@ -41,6 +41,31 @@ PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 # oldest glibc a nixos-unstable of 2026 ships, so every manylinux_2_X with X <= 40 loads.
 GLIBC_MAX_MINOR = 40
 
+# Packages the text-only server never imports, left out of every wheel set (and so are their
+# own dependencies, unless something kept needs them). Each was checked against vLLM 0.28.0's
+# sources: vLLM imports them lazily, behind try/except or inside the code path that needs them.
+# Each one removed also removes native dependencies the closure would otherwise have to
+# provide or ignore, and files that collide with other wheels.
+EXCLUDED: dict[str, str] = {
+    "torchcodec": (
+        "video/audio decoding for multimodal inputs (vllm/multimodal/video.py imports it in a "
+        "try/except); links FFmpeg 4-8 and libheif, which the closure does not carry"
+    ),
+    "pynvvideocodec": (
+        "NVIDIA hardware video decoding, imported only inside "
+        "vllm/multimodal/video.py's PyNvVideoCodec decode function"
+    ),
+    "torchaudio": (
+        "audio preprocessing of ASR/omni models (processors and model files vLLM loads by "
+        "name only for those architectures); its 2.11 wheel is built for another torch"
+    ),
+    "tokenspeed-mla": (
+        "MLA attention kernels (DeepSeek-style latent attention) behind an import check in "
+        "vllm/v1/attention/backends/mla/; Qwen3.8 has no MLA layers. It alone pulls "
+        "tokenspeed-triton, a second Triton"
+    ),
+}
+
 
 @dataclass(frozen=True)
 class Pin:
@@ -134,6 +159,8 @@ class Lock:
             dep = stack.pop()
             if not marker_holds(dep.get("marker"), env):
                 continue
+            if dep["name"] in EXCLUDED:
+                continue
             package = self.find(dep, env)
             name = package["name"]
             if name not in seen:
@@ -187,6 +214,7 @@ def build_table(lock_text: str) -> dict[str, Any]:
         "generator": "nix/closure/lock2table.py",
         # Ties the table to the lock it came from; the test suite recomputes it.
         "uv_lock_sha256": hashlib.sha256(lock_text.encode()).hexdigest(),
+        "excluded": dict(sorted(EXCLUDED.items())),
         "pythons": pythons,
     }
 

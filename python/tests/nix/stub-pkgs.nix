@@ -38,9 +38,15 @@ lib.makeScope lib.callPackageWith (_: {
   python3 = python;
   stdenv = {
     inherit mkDerivation;
-    cc.cc.lib = fake "gcc-lib" { };
+    cc = fake "gcc-wrapper" {
+      cc.lib = fake "gcc-lib" { };
+      bintools = fake "binutils-wrapper" { };
+    };
     hostPlatform.system = "x86_64-linux";
   };
+  runtimeShell = "/nix/store/bash/bin/bash";
+  coreutils = fake "coreutils" { };
+  which = fake "which" { };
   stdenvNoCC = { inherit mkDerivation; };
   fetchurl =
     args:

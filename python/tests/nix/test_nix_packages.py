@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nixeval import REPO, eval_json
+from nixeval import REPO, eval_json, nixpkgs_lib
 
 pytestmark = pytest.mark.nix
 
@@ -52,12 +52,15 @@ def test_closure_installs_every_pinned_wheel_but_vllm(wiring: dict[str, Any]) ->
     for url in table_urls("3.13", "runtime"):
         assert url.rsplit("/", 1)[1] in phase
     assert "vllm-0.28.0" not in phase
-    assert "-m venv --without-pip" in phase
-    assert "--invalidation-mode checked-hash" in phase
-    assert wiring["closure"]["autoPatchelfIgnoreMissingDeps"] == [
-        "libcuda.so.1",
-        "libnvidia-ml.so.1",
-    ]
+    # The install step is nix/build/closure.py, the script the nix-replay tier runs.
+    assert "/closure.py install --prefix \"$out\"" in phase
+    assert "/decisions.json" in phase
+    decisions = json.loads((REPO / "nix" / "build" / "decisions.json").read_text())
+    ignored = sorted(k for k in decisions["closure"]["ignored"] if k != "_comment")
+    assert sorted(wiring["closure"]["autoPatchelfIgnoreMissingDeps"]) == ignored
+    assert "libcuda.so.1" in ignored
+    inputs = sorted(p.rsplit("/", 1)[1].split("-", 1)[1] for p in wiring["closure"]["buildInputs"])
+    assert inputs == ["gcc-lib", "zlib"]
     assert wiring["closure"]["dontStrip"] is True
 
 
@@ -67,19 +70,22 @@ def test_vllm_is_the_pinned_wheel_with_the_series_applied(wiring: dict[str, Any]
     assert wiring["vllmSrc"]["url"] == wheel["url"]
     assert wiring["vllmSrc"]["sha256"] == wheel["sha256"]
     phase = wiring["vllm"]["installPhase"]
-    unpack = phase.index("-m zipfile -e")
-    apply = phase.index("python/qwen3090/patchtool.py apply")
-    assert unpack < apply
-    assert "--patches " in phase and "/patches" in phase
+    # nix/build/patched_vllm.py unpacks the wheel and runs python/qwen3090/patchtool.py apply.
+    assert "/patched_vllm.py install --wheel \"$src\"" in phase
+    assert "--series-src /nix/store/" in phase
+    assert wiring["vllm"]["autoPatchelfIgnoreMissingDeps"] == ["libcuda.so.1"]
+    assert "/torch/lib" in wiring["vllm"]["preFixup"]
     assert wiring["manifest"].endswith("/site-packages/vllm/_qwen3090/manifest.json")
 
 
 def test_wrapper_runs_on_the_closure_with_the_patched_vllm(wiring: dict[str, Any]) -> None:
     phase = wiring["q"]["installPhase"]
-    assert f"--set QWEN3090_MANIFEST {wiring['manifest']}" in phase
-    assert "--prefix PYTHONPATH" in phase
-    assert "--suffix LD_LIBRARY_PATH : /run/opengl-driver/lib" in phase
-    assert '"$out/bin/qwen3090" --add-flags "-m qwen3090"' in phase
+    # nix/build/wrapper.py writes the wrappers; the nix-replay tier runs and checks them.
+    assert "/wrapper.py install --out \"$out\"" in phase
+    assert f"--manifest {wiring['manifest']}" in phase
+    for flag in ("--cc ", "--cxx ", "--cuda-home ", "--tool-path ", "--coreutils "):
+        assert flag in phase
+    assert "/nvidia/cu13" in phase
     assert wiring["qexe"].endswith("/bin/qwen3090")
     assert wiring["test"] == "qwen3090-python-test"
 
@@ -91,18 +97,45 @@ def test_apps_serve_each_profile(wiring: dict[str, Any]) -> None:
         assert app["program"].endswith(f"/bin/qwen3090-{profile}")
 
 
-def test_checks_and_gpu_features(wiring: dict[str, Any]) -> None:
-    assert set(wiring["checkNames"]) >= {
-        "verifier",
-        "tokenizer",
-        "module-eval",
-        "python-tests",
-        "gpu-gate",
-        "gpu-serve-demo",
-    }
-    features = wiring["features"]
-    assert features["gpu-gate"] == ["cuda"] and features["gpu-serve-demo"] == ["cuda"]
-    assert features["verifier"] == [] and features["tokenizer"] == []
+def test_checks_need_no_gpu(wiring: dict[str, Any]) -> None:
+    # `nix flake check` on a builder without the `cuda` feature must not meet a GPU check.
+    assert set(wiring["checkNames"]) == {"verifier", "tokenizer", "module-eval", "python-tests"}
+    assert all(features == [] for features in wiring["features"].values())
+
+
+def test_flake_keeps_gpu_checks_out_of_checks(tmp_path: Path) -> None:
+    # The flake's outputs, evaluated with the stand-in nixpkgs as its input.
+    fake_nixpkgs = tmp_path / "nixpkgs"
+    fake_nixpkgs.mkdir()
+    # It refuses CUDA settings: they do nothing for wheels but make nixpkgs rebuild.
+    (fake_nixpkgs / "default.nix").write_text(
+        f"{{ system, config ? {{ }} }}: "
+        "assert config == { allowUnfree = true; } "
+        '|| throw "nixpkgs config: ${builtins.toJSON config}"; '
+        f"import {STUB} {{ lib = import {nixpkgs_lib()}; }}\n"
+    )
+    got = eval_json(
+        f"let flake = import {REPO}/flake.nix; "
+        f'nixpkgs = {{ inherit lib; outPath = "{fake_nixpkgs}"; }}; '
+        "outputs = flake.outputs { self = outputs; inherit nixpkgs; }; "
+        'sys = "x86_64-linux"; in { '
+        "checks = lib.mapAttrs (_: c: c.drvAttrs.requiredSystemFeatures or []) "
+        '(removeAttrs outputs.checks.${sys} [ "module-eval" ]); '
+        "gpu = lib.mapAttrs (_: c: c.drvAttrs.requiredSystemFeatures) "
+        "outputs.legacyPackages.${sys}.gpuChecks; }"
+    )
+    assert got["checks"] and all(f == [] for f in got["checks"].values())
+    assert got["gpu"] == {"gpu-gate": ["cuda"], "gpu-serve-demo": ["cuda"]}
+
+
+def test_python_tests_check_runs_in_the_whole_source() -> None:
+    # The unit tests read ../patches/series and ../modules/prometheus/rules.yml: the check
+    # copies the whole filtered source and runs in its python/ directory.
+    script = eval_json(built() + "checks.python-tests.drvAttrs.buildCommand")
+    assert "cp -r /nix/store/00000000000000000000000000000000-source source\n" in script
+    assert "cd source/python\n" in script
+    parts = eval_json(f"(import {REPO}/nix/sources.nix).src")
+    assert {"modules", "patches", "python/qwen3090", "python/tests"} <= set(parts)
 
 
 def test_tokenizer_check_refuses_a_dir_without_tokenizer() -> None:

@@ -401,9 +401,12 @@ def test_find_installed_manifest_locates_the_importable_tree_without_importing(
     code = ("from qwen3090.manifest import find_installed_manifest as f; m = f(); "
             "print(m.path, sorted(m.provided_env), m.series_digest)")
     env = {k: v for k, v in os.environ.items() if k != "QWEN3090_MANIFEST"}
+    # The package behind the tree: a pip venv has it in site-packages, the Nix check's
+    # interpreter (checks.python-tests) only through PYTHONPATH.
+    package_root = Path(patchtool.__file__).parents[1]
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
-                          env=dict(env, PYTHONPATH=str(tree)), capture_output=True, text=True,
-                          check=False)
+                          env=dict(env, PYTHONPATH=os.pathsep.join([str(tree), str(package_root)])),
+                          capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     path, provided, digest = proc.stdout.split(" ", 2)
     assert Path(path) == tree / "vllm/_qwen3090/manifest.json"
