@@ -247,6 +247,10 @@ class PrefixProbe:
     detail: str = ""
     shared_tokens: int | None = None
     cached_tokens: int | None = None
+    prompt_tokens_both: int = 0
+    """Prompt tokens of both requests: what the probe added to vLLM's prefix-cache queries."""
+    cached_tokens_both: int = 0
+    """Cached tokens of both requests: what the probe added to vLLM's prefix-cache hits."""
 
 
 def judge_prefix(probe: PrefixProbe, block_size: int | None) -> str:
@@ -333,7 +337,7 @@ def probe_prefix(
         )
         if status != 200:
             return PrefixProbe(False, f"first request: HTTP {status}")
-        shared, _, reply = _usage_ints(first)
+        shared, first_cached, reply = _usage_ints(first)
         follow = [
             *messages,
             {"role": "assistant", "content": reply},
@@ -346,8 +350,15 @@ def probe_prefix(
             return PrefixProbe(False, f"second request: HTTP {status}")
     except (OSError, http.client.HTTPException) as err:
         return PrefixProbe(False, f"{type(err).__name__}: {err}")
-    _, cached, _ = _usage_ints(second)
-    return PrefixProbe(True, "ok", shared, cached)
+    second_prompt, cached, _ = _usage_ints(second)
+    return PrefixProbe(
+        True,
+        "ok",
+        shared,
+        cached,
+        prompt_tokens_both=(shared or 0) + (second_prompt or 0),
+        cached_tokens_both=(first_cached or 0) + (cached or 0),
+    )
 
 
 def parse_block_size(metrics_text: str) -> int | None:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -288,6 +289,20 @@ class Exporter:
             "request; NaN when the server does not report it.",
             registry=r,
         )
+        server = urlsplit(config.server).netloc
+        self.prefix_prompt_tokens = Counter(
+            names.CANARY_PREFIX_PROMPT_TOKENS,
+            "Prompt tokens the prefix canary sent; server is the host:port probed, the "
+            "instance of its vLLM scrape job.",
+            ["server"],
+            registry=r,
+        ).labels(server=server)
+        self.prefix_hit_tokens = Counter(
+            names.CANARY_PREFIX_CACHED_TOKENS,
+            "Prompt tokens of the prefix canary that the server served from its prefix cache.",
+            ["server"],
+            registry=r,
+        ).labels(server=server)
         self._block_size: int | None = None
         self._sent = 0
         self._tokens_per_sentence = float(FILLER_TOKENS_GUESS)
@@ -368,6 +383,8 @@ class Exporter:
     def record_prefix(self, probe: PrefixProbe) -> str:
         outcome = judge_prefix(probe, self._block_size)
         self.prefix_probes.labels(result=outcome).inc()
+        self.prefix_prompt_tokens.inc(probe.prompt_tokens_both)
+        self.prefix_hit_tokens.inc(probe.cached_tokens_both)
         if probe.ok:
             shared, cached = probe.shared_tokens, probe.cached_tokens
             self.prefix_shared.set(math.nan if shared is None else float(shared))

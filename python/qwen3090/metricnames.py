@@ -41,6 +41,10 @@ CANARY_INTERVAL = "qwen3090_canary_interval_seconds"
 CANARY_PREFIX_PROBES = "qwen3090_canary_prefix_probes"  # counter with a ``result`` label
 CANARY_PREFIX_SHARED = "qwen3090_canary_prefix_shared_tokens"
 CANARY_PREFIX_CACHED = "qwen3090_canary_prefix_cached_tokens"
+# Counters with a ``server`` label (host:port of the server probed), so the rules can take the
+# canary's own tokens out of vLLM's prefix-cache counters of the same instance.
+CANARY_PREFIX_PROMPT_TOKENS = "qwen3090_canary_prefix_prompt_tokens"
+CANARY_PREFIX_CACHED_TOKENS = "qwen3090_canary_prefix_hit_tokens"
 SERVER_UP = "qwen3090_server_up"
 SERVER_HEALTH_UP = "qwen3090_server_health_up"
 HEALTH_CANARY_DISAGREEMENT = "qwen3090_health_canary_disagreement"
