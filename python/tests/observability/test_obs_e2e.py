@@ -158,11 +158,19 @@ def _prefix_canary_hits(server: Server) -> None:
         for line in proc.stdout.splitlines()
         if line.startswith("qwen3090_canary_prefix")
     }
-    assert values['qwen3090_canary_prefix_probes_total{result="hit"}'] == 1.0, proc.stderr
+    judged = {
+        result: values[f'qwen3090_canary_prefix_probes_total{{result="{result}"}}']
+        for result in ("hit", "miss", "short", "blind", "failed")
+    }
+    # Judged: the server reported cached_tokens and a block size, and the probe shared two
+    # blocks or more. Which of hit and miss depends on the prompt's length against the
+    # demo model's 640-token blocks in align mode (gotcha 44's lottery, see the README).
+    assert judged["hit"] + judged["miss"] == 1.0, (judged, proc.stderr)
     shared = values["qwen3090_canary_prefix_shared_tokens"]
     cached = values["qwen3090_canary_prefix_cached_tokens"]
-    assert 0 < cached <= shared
-    print(f"[obs] prefix canary: {shared:.0f} tokens shared, {cached:.0f} served from the cache")
+    assert 0 <= cached <= shared and (cached > 0) == (judged["hit"] == 1.0)
+    outcome = "hit" if judged["hit"] else "MISS (gotcha 44)"
+    print(f"[obs] prefix canary: {shared:.0f} tokens shared, {cached:.0f} cached: {outcome}")
 
 
 def test_prometheus_reads_prefix_cache_and_dead_engine(
