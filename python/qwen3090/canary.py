@@ -371,16 +371,24 @@ def parse_block_size(metrics_text: str) -> int | None:
     return None
 
 
-def read_block_size(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> int | None:
-    """The server's KV cache block size in tokens from its /metrics, None when unreadable."""
-    ep = _Endpoint(base_url)
+def fetch_metrics(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
+    """The server's /metrics exposition text, None when it cannot be read. A base URL that
+    ends in /v1 (as OpenAI clients take it) means the server at its root."""
+    url = base_url.rstrip("/")
+    ep = _Endpoint(url[: -len("/v1")] if url.endswith("/v1") else url)
     conn = ep.connect(timeout_s)
     try:
         conn.request("GET", f"{ep.prefix}/metrics", headers=_headers(api_key))
         resp = conn.getresponse()
         text = resp.read().decode("utf-8", errors="replace")
-        return parse_block_size(text) if resp.status == 200 else None
+        return text if resp.status == 200 else None
     except (OSError, http.client.HTTPException):
         return None
     finally:
         conn.close()
+
+
+def read_block_size(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> int | None:
+    """The server's KV cache block size in tokens from its /metrics, None when unreadable."""
+    text = fetch_metrics(base_url, api_key, timeout_s)
+    return None if text is None else parse_block_size(text)

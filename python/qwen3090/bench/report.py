@@ -23,6 +23,7 @@ from qwen3090 import caches
 from qwen3090.apikey import API_KEY_ENV
 from qwen3090.bench.client import Client, cache_config_info
 from qwen3090.bootlog import parse_boot_log
+from qwen3090.canary import fetch_metrics
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -162,7 +163,10 @@ def _server_metrics(args: argparse.Namespace) -> str | None:
     if not isinstance(server, str):
         return None
     timeout = min(float(getattr(args, "timeout", 10.0)), 10.0)
-    return Client(server, "", getattr(args, "api_key", None), timeout).metrics()
+    try:
+        return fetch_metrics(server, getattr(args, "api_key", None), timeout)
+    except ValueError:  # not an http(s) URL: the tool's own requests said so already
+        return None
 
 
 def write_report(
