@@ -5,7 +5,14 @@ and KV usage. What it cannot say is whether the engine still answers: after an O
 engine (gotchas 16, 34, 35) or a hung engine core, ``/health`` and ``/metrics`` keep answering
 while every request fails. This exporter sends a small real chat request every interval and
 exports its success and timings next to what ``/health`` said, so the disagreement is a metric
-an alert can fire on. See ``modules/prometheus/README.md`` for every metric and alert.
+an alert can fire on.
+
+Two more things vLLM's counters cannot say. A prefix canary (a request, then one repeating its
+whole prompt) catches a turn that shares a long prefix yet gets no cache hit (gotcha 44) at
+the first occurrence, where the hit ratio over all traffic never reaches zero. And the boot
+log's KV pool is compared with the largest pool this build reached with the same arguments
+(kept under ``--state-dir``), so a pool shrunk by a cold compile or a busy card is seen
+(gotchas 2, 48). See ``modules/prometheus/README.md`` for every metric and alert.
 """
 
 from __future__ import annotations

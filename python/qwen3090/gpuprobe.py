@@ -1,4 +1,5 @@
-"""Reading one NVIDIA GPU's memory and compute processes: NVML first, ``nvidia-smi`` after.
+"""Reading one NVIDIA GPU's memory and compute processes: NVML first, ``nvidia-smi`` after;
+and which card that is, from ``CUDA_VISIBLE_DEVICES`` (:func:`server_gpu`).
 
 The gate (``qwen3090.gate``) decides; this module only observes. Every reading becomes a
 :class:`GpuSample`, whichever source produced it, so the decision logic is tested on plain
