@@ -14,11 +14,19 @@ appending to one file) reports the last boot: each engine start resets the facts
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+log = logging.getLogger("qwen3090.bootlog")
+
 _BOOT_START = re.compile(r"Initializing a V1 LLM engine \(v(?P<version>[^)\s]+)\)")
+# The API server prints its non-default arguments before the engine starts (api_utils.py);
+# the same arguments mean the same pool, so they key "this build's warm pool".
+_ENGINE_ARGS = re.compile(r"non-default args: (?P<args>\{.*\})\s*$")
 _KV_TOKENS = re.compile(r"GPU KV cache size: (?P<tokens>[\d,]+) tokens")
 _MAX_CONCURRENCY = re.compile(
     r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<ratio>[\d.]+)x"
@@ -48,6 +56,8 @@ class BootFacts:
     """What one boot's log said; None (or False) for what it did not say."""
 
     vllm_version: str | None = None
+    engine_args: str | None = None
+    """The server's non-default arguments as logged (the API key is redacted by vLLM)."""
     kv_cache_tokens: int | None = None
     max_model_len: int | None = None
     max_concurrency: float | None = None
@@ -77,12 +87,16 @@ class BootLogParser:
 
     def __init__(self) -> None:
         self.facts = BootFacts()
-        self._compile_from_init: float | None = None
+        self._engine_args: str | None = None
 
     def feed(self, line: str) -> None:
+        if m := _ENGINE_ARGS.search(line):
+            # Printed before the engine's own start line: a new boot begins here.
+            self._engine_args = m["args"]
+            self.facts = BootFacts(engine_args=self._engine_args)
+            return
         if m := _BOOT_START.search(line):
-            self.facts = BootFacts(vllm_version=m["version"])
-            self._compile_from_init = None
+            self.facts = BootFacts(vllm_version=m["version"], engine_args=self._engine_args)
             return
         f = self.facts
         if m := _KV_TOKENS.search(line):
@@ -146,3 +160,52 @@ class BootLogFollower:
         for raw in lines:
             self._parser.feed(raw.decode("utf-8", errors="replace"))
         return self._parser.facts
+
+
+def pool_key(series_digest: str, engine_args: str | None) -> str:
+    """What makes two boots' pools comparable: the same patch series and the same server
+    arguments (a deliberate change of GPU_UTIL, KV_MEM or the seats is a new reference, not a
+    shrink). Hashed, so the state file holds no model path."""
+    text = f"{series_digest}\n{engine_args or ''}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class PoolMemory:
+    """The largest KV pool, in tokens, that a boot of each build and configuration logged.
+
+    Gotchas 2 and 48: a boot with a cold compile cache (every new series digest starts with
+    one) or a GPU still being released keeps a smaller pool for its whole life. The largest
+    pool seen for the same key is what this build reaches warm, so a boot below it has shrunk.
+    Persisted as JSON under ``path`` when one is given, so the reference survives restarts of
+    the exporter and of the server; kept in memory only otherwise.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._best: dict[str, int] = {}
+        if path is not None:
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                data = {}
+            if isinstance(data, dict):
+                self._best = {
+                    k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, int)
+                }
+
+    def record(self, key: str, tokens: int) -> int:
+        """Remember ``tokens`` for ``key``; the largest pool recorded for it."""
+        best = self._best.get(key)
+        if best is not None and best >= tokens:
+            return best
+        self._best[key] = tokens
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(self._best, indent=1, sort_keys=True) + "\n")
+                tmp.replace(self.path)
+            except OSError as err:
+                # The gauge still holds the value; only a restart would forget it.
+                log.warning("cannot save the KV pool reference to %s: %s", self.path, err)
+        return tokens

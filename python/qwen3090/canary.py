@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from qwen3090.metricnames import VLLM_CACHE_CONFIG_INFO
 
 DEFAULT_PROMPT = "Reply with one short sentence about the weather."
 
@@ -218,3 +221,174 @@ def probe_chat(
     if ttft is None:
         return CanaryResult(False, "protocol", "no generated text in the stream")
     return CanaryResult(True, ttft_s=ttft, wall_s=wall, completion_tokens=usage_tokens, detail="ok")
+
+
+# --- the prefix-cache canary (gotcha 44) --------------------------------------------------------
+
+# Filler of the shared prefix: plain sentences tokenize at a steady rate, so the number of
+# sentences for a target token count can be scaled from what the server counted last time.
+_FILLER = (
+    "Line {i} of the reference passage: the canary repeats this passage word for word, so "
+    "a working prefix cache serves it from memory the second time."
+)
+FILLER_TOKENS_GUESS = 32
+"""Tokens per filler sentence before the server has counted one (Qwen tokenizers: ~30)."""
+
+
+@dataclass(frozen=True)
+class PrefixProbe:
+    """Two chat requests of one conversation: the second repeats the whole first prompt (the
+    shared prefix) and adds the first answer and a new question. ``shared_tokens`` is the
+    first request's prompt_tokens; ``cached_tokens`` is the second's
+    ``usage.prompt_tokens_details.cached_tokens``, None when the server does not report it
+    (vLLM without ``--enable-prompt-tokens-details``)."""
+
+    ok: bool
+    detail: str = ""
+    shared_tokens: int | None = None
+    cached_tokens: int | None = None
+    prompt_tokens_both: int = 0
+    """Prompt tokens of both requests: what the probe added to vLLM's prefix-cache queries."""
+    cached_tokens_both: int = 0
+    """Cached tokens of both requests: what the probe added to vLLM's prefix-cache hits."""
+
+
+def judge_prefix(probe: PrefixProbe, block_size: int | None) -> str:
+    """One of metricnames.PREFIX_RESULTS for a probe.
+
+    A miss is a second request that shared at least two cache blocks with the first and was
+    served none of them from the cache. Two, because the block holding the prompt's last
+    token is recomputed whatever the cache holds (and a speculator's margin can cost one
+    more on hybrid models), so below two blocks a 0 can be correct.
+    """
+    if not probe.ok:
+        return "failed"
+    if probe.shared_tokens is None or probe.cached_tokens is None or not block_size:
+        return "blind"
+    if probe.shared_tokens < 2 * block_size:
+        return "short"
+    return "hit" if probe.cached_tokens > 0 else "miss"
+
+
+def prefix_messages(nonce: str, sentences: int) -> list[dict[str, str]]:
+    """The first request of a prefix probe: a fresh ``nonce`` first, so this probe's prefix
+    was never cached before and only the probe's own first request can have cached it."""
+    body = "\n".join(_FILLER.format(i=i) for i in range(sentences))
+    return [
+        {"role": "system", "content": f"Canary {nonce}. Answer in one short sentence."},
+        {"role": "user", "content": f"{body}\n\nWhat does the passage say it is for?"},
+    ]
+
+
+def _post_json(
+    base_url: str, path: str, body: dict[str, Any], api_key: str | None, timeout_s: float
+) -> tuple[int, Any]:
+    ep = _Endpoint(base_url)
+    conn = ep.connect(timeout_s)
+    try:
+        conn.request("POST", f"{ep.prefix}{path}", body=json.dumps(body), headers=_headers(api_key))
+        resp = conn.getresponse()
+        raw = resp.read()
+        try:
+            return resp.status, json.loads(raw)
+        except ValueError:
+            return resp.status, raw.decode("utf-8", errors="replace")[:300]
+    finally:
+        conn.close()
+
+
+def _usage_ints(answer: Any) -> tuple[int | None, int | None, str]:
+    """prompt_tokens, cached_tokens and the reply text of a chat completion."""
+    if not isinstance(answer, dict):
+        return None, None, ""
+    usage = answer.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    text = ""
+    choices = answer.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            text = message["content"]
+    return (
+        prompt if isinstance(prompt, int) else None,
+        cached if isinstance(cached, int) else None,
+        text,
+    )
+
+
+def probe_prefix(
+    base_url: str,
+    *,
+    model: str,
+    nonce: str,
+    sentences: int,
+    api_key: str | None = None,
+    timeout_s: float = 30.0,
+) -> PrefixProbe:
+    """Send the two requests of a prefix probe; never raises for server failures."""
+    messages = prefix_messages(nonce, sentences)
+    params: dict[str, Any] = {"model": model, "max_tokens": 8, "temperature": 0}
+    try:
+        status, first = _post_json(
+            base_url, "/v1/chat/completions", {**params, "messages": messages}, api_key, timeout_s
+        )
+        if status != 200:
+            return PrefixProbe(False, f"first request: HTTP {status}")
+        shared, first_cached, reply = _usage_ints(first)
+        follow = [
+            *messages,
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "Say it again in other words."},
+        ]
+        status, second = _post_json(
+            base_url, "/v1/chat/completions", {**params, "messages": follow}, api_key, timeout_s
+        )
+        if status != 200:
+            return PrefixProbe(False, f"second request: HTTP {status}")
+    except (OSError, http.client.HTTPException) as err:
+        return PrefixProbe(False, f"{type(err).__name__}: {err}")
+    second_prompt, cached, _ = _usage_ints(second)
+    return PrefixProbe(
+        True,
+        "ok",
+        shared,
+        cached,
+        prompt_tokens_both=(shared or 0) + (second_prompt or 0),
+        cached_tokens_both=(first_cached or 0) + (cached or 0),
+    )
+
+
+def parse_block_size(metrics_text: str) -> int | None:
+    """``block_size`` of vLLM's ``vllm:cache_config_info`` in a /metrics exposition."""
+    for line in metrics_text.splitlines():
+        if line.startswith(VLLM_CACHE_CONFIG_INFO + "{"):
+            m = re.search(r'(?:^|[{,])block_size="(\d+)"', line)
+            if m:
+                return int(m.group(1))
+    return None
+
+
+def fetch_metrics(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
+    """The server's /metrics exposition text, None when it cannot be read. A base URL that
+    ends in /v1 (as OpenAI clients take it) means the server at its root."""
+    url = base_url.rstrip("/")
+    ep = _Endpoint(url[: -len("/v1")] if url.endswith("/v1") else url)
+    conn = ep.connect(timeout_s)
+    try:
+        conn.request("GET", f"{ep.prefix}/metrics", headers=_headers(api_key))
+        resp = conn.getresponse()
+        text = resp.read().decode("utf-8", errors="replace")
+        return text if resp.status == 200 else None
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def read_block_size(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> int | None:
+    """The server's KV cache block size in tokens from its /metrics, None when unreadable."""
+    text = fetch_metrics(base_url, api_key, timeout_s)
+    return None if text is None else parse_block_size(text)

@@ -5,7 +5,14 @@ and KV usage. What it cannot say is whether the engine still answers: after an O
 engine (gotchas 16, 34, 35) or a hung engine core, ``/health`` and ``/metrics`` keep answering
 while every request fails. This exporter sends a small real chat request every interval and
 exports its success and timings next to what ``/health`` said, so the disagreement is a metric
-an alert can fire on. See ``modules/prometheus/README.md`` for every metric and alert.
+an alert can fire on.
+
+Two more things vLLM's counters cannot say. A prefix canary (a request, then one repeating its
+whole prompt) catches a turn that shares a long prefix yet gets no cache hit (gotcha 44) at
+the first occurrence, where the hit ratio over all traffic never reaches zero. And the boot
+log's KV pool is compared with the largest pool this build reached with the same arguments
+(kept under ``--state-dir``), so a pool shrunk by a cold compile or a busy card is seen
+(gotchas 2, 48). See ``modules/prometheus/README.md`` for every metric and alert.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -25,20 +33,26 @@ from prometheus_client.registry import Collector
 
 from qwen3090 import __version__
 from qwen3090 import metricnames as names
-from qwen3090.bootlog import BootFacts, BootLogFollower
+from qwen3090.bootlog import BootFacts, BootLogFollower, PoolMemory, pool_key
 from qwen3090.canary import (
     DEFAULT_PROMPT,
+    FILLER_TOKENS_GUESS,
     CanaryResult,
     HealthResult,
+    PrefixProbe,
     check_health,
     discover_model,
+    judge_prefix,
     probe_chat,
+    probe_prefix,
+    read_block_size,
 )
 from qwen3090.errors import Qwen3090Error
 
 log = logging.getLogger("qwen3090.exporter")
 
 DEFAULT_SERVED_MODEL = "qwen3.8-27b"
+POOL_STATE_FILE = "kv-pool-best.json"
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,12 @@ class ExporterConfig:
     server_log: Path | None = None
     manifest: Path | None = None
     """A build manifest to report instead of the installed vLLM's."""
+    state_dir: Path | None = None
+    """Where the largest KV pool per build and configuration is kept across restarts."""
+    prefix_every: int = 2
+    """Run the prefix-cache canary after every Nth chat canary; 0 never."""
+    prefix_tokens: int | None = None
+    """Target length of the prefix canary's shared prefix; None: three cache blocks."""
 
 
 def build_labels(manifest_path: Path | None = None) -> dict[str, str]:
@@ -101,9 +121,13 @@ class BootFactsCollector(Collector):
     """Gauges for what the server log said at boot; a fact the log did not state is absent
     rather than exported as a misleading 0."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, memory: PoolMemory | None = None, series_digest: str = "none"
+    ) -> None:
         self._follower = BootLogFollower(path)
         self._lock = threading.Lock()
+        self._memory = memory if memory is not None else PoolMemory(None)
+        self._series = series_digest
 
     def facts(self) -> BootFacts | None:
         with self._lock:
@@ -118,6 +142,17 @@ class BootFactsCollector(Collector):
         )
         if facts is not None:
             yield from _boot_gauges(facts)
+        if facts is not None and facts.kv_cache_tokens is not None:
+            with self._lock:
+                best = self._memory.record(
+                    pool_key(self._series, facts.engine_args), facts.kv_cache_tokens
+                )
+            yield GaugeMetricFamily(
+                names.BOOT_KV_CACHE_TOKENS_BEST,
+                "Largest KV pool in tokens any boot of this build (series digest) with these "
+                "server arguments logged here; a boot below it has a shrunken pool.",
+                value=float(best),
+            )
 
 
 def _boot_gauges(facts: BootFacts) -> Iterator[Metric]:
@@ -240,20 +275,65 @@ class Exporter:
             "canary fails, an engine that is dead or hung behind a live API process).",
             registry=r,
         )
+        self.prefix_probes = Counter(
+            names.CANARY_PREFIX_PROBES,
+            "Prefix-cache canaries (a request, then one repeating its whole prompt), by "
+            "result: hit, miss (two or more shared blocks, cached_tokens 0), short (under two "
+            "blocks shared), blind (no cached_tokens or block size reported), failed.",
+            ["result"],
+            registry=r,
+        )
+        for outcome in names.PREFIX_RESULTS:
+            self.prefix_probes.labels(result=outcome)
+        self.prefix_shared = Gauge(
+            names.CANARY_PREFIX_SHARED,
+            "Prompt tokens the latest prefix canary's second request repeated from its first.",
+            registry=r,
+        )
+        self.prefix_cached = Gauge(
+            names.CANARY_PREFIX_CACHED,
+            "usage.prompt_tokens_details.cached_tokens of the latest prefix canary's second "
+            "request; NaN when the server does not report it.",
+            registry=r,
+        )
+        server = urlsplit(config.server).netloc
+        self.prefix_prompt_tokens = Counter(
+            names.CANARY_PREFIX_PROMPT_TOKENS,
+            "Prompt tokens the prefix canary sent; server is the host:port probed, the "
+            "instance of its vLLM scrape job.",
+            ["server"],
+            registry=r,
+        ).labels(server=server)
+        self.prefix_hit_tokens = Counter(
+            names.CANARY_PREFIX_CACHED_TOKENS,
+            "Prompt tokens of the prefix canary that the server served from its prefix cache.",
+            ["server"],
+            registry=r,
+        ).labels(server=server)
+        self._block_size: int | None = None
+        self._sent = 0
+        self._tokens_per_sentence = float(FILLER_TOKENS_GUESS)
         self.build_info = Info(
             names.BUILD_INFO,
             "The vLLM build beside the exporter: version and patch series digest.",
             registry=r,
         )
-        self.build_info.info(build_labels(config.manifest))
+        labels = build_labels(config.manifest)
+        self.build_info.info(labels)
         self.interval.set(config.interval_s)
-        for g in (self.ttft, self.latency, self.completion_tokens, self.decode_rate):
+        for g in (
+            self.ttft, self.latency, self.completion_tokens, self.decode_rate,
+            self.prefix_shared, self.prefix_cached,
+        ):
             g.set(math.nan)
         # Unknown until the first probe: neither healthy nor failing is true yet.
         for g in (self.success, self.server_up, self.health_up, self.disagreement):
             g.set(math.nan)
         if config.server_log is not None:
-            r.register(BootFactsCollector(config.server_log))
+            state = None if config.state_dir is None else config.state_dir / POOL_STATE_FILE
+            r.register(
+                BootFactsCollector(config.server_log, PoolMemory(state), labels["series_digest"])
+            )
 
     def _resolve_model(self) -> str | None:
         if self._model is None:
@@ -277,7 +357,56 @@ class Exporter:
             timeout_s=cfg.timeout_s,
         )
         self.record(health, result)
+        self._sent += 1
+        if not result.ok:
+            # A restarted server may have another block size: ask again when it is back.
+            self._block_size = None
+        # Only behind a working chat canary: a down server is already reported, and a prefix
+        # probe would add two more timeouts to the interval.
+        elif cfg.prefix_every > 0 and (self._sent - 1) % cfg.prefix_every == 0:
+            self.probe_prefix_once(model)
         return health, result
+
+    def probe_prefix_once(self, model: str) -> str:
+        """One prefix-cache canary (gotcha 44); returns and counts its result."""
+        cfg = self.config
+        if self._block_size is None:
+            self._block_size = read_block_size(cfg.server, cfg.api_key, min(cfg.timeout_s, 10.0))
+        target = cfg.prefix_tokens or 3 * (self._block_size or 1024)
+        sentences = max(1, math.ceil(target / self._tokens_per_sentence))
+        probe = probe_prefix(
+            cfg.server,
+            model=model,
+            nonce=f"{time.time_ns():x}",
+            sentences=sentences,
+            api_key=cfg.api_key,
+            timeout_s=cfg.timeout_s,
+        )
+        if probe.shared_tokens:
+            # Scale the next probe from what the server counted (overhead included).
+            self._tokens_per_sentence = max(1.0, probe.shared_tokens / sentences)
+        return self.record_prefix(probe)
+
+    def record_prefix(self, probe: PrefixProbe) -> str:
+        outcome = judge_prefix(probe, self._block_size)
+        self.prefix_probes.labels(result=outcome).inc()
+        self.prefix_prompt_tokens.inc(probe.prompt_tokens_both)
+        self.prefix_hit_tokens.inc(probe.cached_tokens_both)
+        if probe.ok:
+            shared, cached = probe.shared_tokens, probe.cached_tokens
+            self.prefix_shared.set(math.nan if shared is None else float(shared))
+            self.prefix_cached.set(math.nan if cached is None else float(cached))
+        level = logging.WARNING if outcome in ("miss", "blind", "failed") else logging.INFO
+        log.log(
+            level,
+            "prefix canary %s: %s shared tokens, %s cached (block size %s)%s",
+            outcome,
+            probe.shared_tokens,
+            probe.cached_tokens,
+            self._block_size,
+            "" if probe.ok else f": {probe.detail}",
+        )
+        return outcome
 
     def record(self, health: HealthResult, result: CanaryResult) -> None:
         now = time.time()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from qwen3090.gpuprobe import GpuProbe, GpuProcess, GpuSample
@@ -191,6 +191,8 @@ class GateCli:
     """A reading failed in the middle of the wait."""
     no_gpu: str
     """No usable NVIDIA GPU (or not the one asked for) for a CUDA plan; follows the probe's fix."""
+    which_gpu: str = ""
+    """The environment names no card or an ambiguous one; follows the environment's fix."""
 
 
 GATE_CLI = GateCli(
@@ -199,6 +201,7 @@ GATE_CLI = GateCli(
     read_failed="check the driver (nvidia-smi), or choose the other source with --source",
     no_gpu="(--device-index picks the GPU); where no NVIDIA GPU is meant to be, pass "
     "--plan-device cpu",
+    which_gpu="; or pass --device-index N to watch nvidia-smi's GPU N",
 )
 SERVE_CLI = GateCli(
     busy="stop those processes (or wait for them), then serve again; wait longer first with "
@@ -210,25 +213,68 @@ SERVE_CLI = GateCli(
 )
 
 
+def _server_gpu(
+    environ: Mapping[str, str], prefer: str, plan_device: str, cli: GateCli
+) -> tuple[int | None, str]:
+    """The NVML index of the card the server will use and how it was chosen; None when there
+    is nothing to gate (no GPU, or none visible to CUDA, and the plan is for the CPU)."""
+    from qwen3090.errors import Qwen3090Error
+    from qwen3090.gpuprobe import GpuSelectionError, NoNvidiaGpu, list_gpus, server_gpu_from_env
+
+    try:
+        gpus = list_gpus(prefer=prefer)
+    except NoNvidiaGpu as err:
+        if plan_device == "cpu":
+            return None, f"{err.message}; the plan is for the CPU: nothing to gate"
+        raise NoNvidiaGpu(err.message, fix=f"{err.fix} {cli.no_gpu}") from err
+    try:
+        chosen = server_gpu_from_env(environ, gpus)
+    except GpuSelectionError as err:
+        raise Qwen3090Error(err.message, fix=f"{err.fix}{cli.which_gpu}") from err
+    if chosen.index is None:
+        if plan_device == "cpu":
+            return None, f"{chosen.how}; the plan is for the CPU: nothing to gate"
+        raise NoNvidiaGpu(
+            f"{chosen.how}, yet the plan is for a CUDA GPU",
+            fix="set CUDA_VISIBLE_DEVICES to the card the server is meant to use"
+            + cli.which_gpu,
+        )
+    return chosen.index, chosen.how
+
+
 def run_gate(
     policy: GatePolicy,
     *,
-    device_index: int = 0,
+    device_index: int | None = None,
     kv_mem_pinned: bool = False,
     plan_device: str = "cuda",
     prefer: str = "auto",
     on_sample: Callable[[GpuSample], None] | None = None,
     cli: GateCli = SERVE_CLI,
+    environ: Mapping[str, str] | None = None,
 ) -> GateReport:
-    """Gate a start on GPU ``device_index``; the API ``serve`` calls before exec'ing vLLM.
+    """Gate a start on the GPU the server will use; the API ``serve`` calls before vLLM.
+
+    ``device_index`` (an NVML / nvidia-smi index) picks the card; None reads it from
+    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` in ``environ`` (default: this process's
+    environment, which the server inherits), see :func:`qwen3090.gpuprobe.server_gpu`.
 
     Returns a report when the card is free (or when there is no GPU and the plan is for the
-    CPU); raises :class:`~qwen3090.errors.Qwen3090Error` on timeout or when there is no GPU
-    for a CUDA plan, its fix worded for the command ``cli`` describes.
+    CPU); raises :class:`~qwen3090.errors.Qwen3090Error` on timeout, when there is no GPU
+    for a CUDA plan, or when the environment names no card or an ambiguous one, its fix worded
+    for the command ``cli`` describes.
     """
     from qwen3090.errors import Qwen3090Error
     from qwen3090.gpuprobe import NoNvidiaGpu, device_node_holders, open_probe
     from qwen3090.wsl import WSL2_CHANGES, detect_wsl
+
+    chosen_by = ""
+    if device_index is None:
+        env = os.environ if environ is None else environ
+        index, chosen_by = _server_gpu(env, prefer, plan_device, cli)
+        if index is None:
+            return GateReport(chosen_by, (), None)
+        device_index = index
 
     warnings: list[str] = []
     wsl = detect_wsl()
@@ -274,6 +320,7 @@ def run_gate(
     summary = (
         f"GPU {last.index} ({last.name}) is free: {last.used_mib} of {last.total_mib} MiB "
         f"used, no foreign compute process, stable over {policy.samples} samples "
-        f"({outcome.elapsed_s:.2f} s since the first) [{last.source}]"
+        f"({outcome.elapsed_s:.2f} s since the first) [{last.source}"
+        + (f"; {chosen_by}]" if chosen_by else "]")
     )
     return GateReport(summary, tuple(warnings), outcome)

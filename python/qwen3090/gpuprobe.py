@@ -1,4 +1,5 @@
-"""Reading one NVIDIA GPU's memory and compute processes: NVML first, ``nvidia-smi`` after.
+"""Reading one NVIDIA GPU's memory and compute processes: NVML first, ``nvidia-smi`` after;
+and which card that is, from ``CUDA_VISIBLE_DEVICES`` (:func:`server_gpu`).
 
 The gate (``qwen3090.gate``) decides; this module only observes. Every reading becomes a
 :class:`GpuSample`, whichever source produced it, so the decision logic is tested on plain
@@ -13,7 +14,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -314,6 +315,117 @@ class NvmlProbe:
         self._nvml.nvmlShutdown()
 
 
+# --- which card the server will use -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """A card as NVML and nvidia-smi number it: by PCI bus, whatever CUDA's order is."""
+
+    index: int
+    uuid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ServerGpu:
+    """The card that is the server's CUDA device 0. ``index`` is its NVML / nvidia-smi index,
+    None when CUDA sees no GPU at all; ``how`` says how the environment was read."""
+
+    index: int | None
+    how: str
+
+
+class GpuSelectionError(Qwen3090Error):
+    """The environment names no card, names one ambiguously, or names a MIG instance."""
+
+
+ORDER_PCI = "PCI_BUS_ID"
+ORDER_FASTEST = "FASTEST_FIRST"
+ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
+ENV_ORDER = "CUDA_DEVICE_ORDER"
+
+
+def server_gpu(visible: str | None, order: str | None, gpus: Sequence[GpuIdentity]) -> ServerGpu:
+    """Which card the server will use, from ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``.
+
+    The server runs on one GPU (no tensor parallelism): CUDA's device 0, the FIRST entry of
+    ``CUDA_VISIBLE_DEVICES`` (of all cards when it is unset). An entry is a CUDA index, a UUID
+    or a unique prefix of one (``GPU-...``), or a MIG instance (``MIG-...``).
+
+    A UUID is the same card to CUDA and NVML. An index is not always: NVML numbers by PCI bus,
+    CUDA fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. Fastest-first can only reorder
+    cards that differ (identical cards keep their bus order; vLLM assumes the same and warns
+    only about mixed models), so an index is read as NVML's when the order is PCI_BUS_ID, when
+    there is one card, or when all cards are the same model. On mixed cards under fastest-first
+    it is refused: a wrong guess gates a card the server does not use. MIG instances are
+    refused too: the gate reads whole cards, and a MIG slice's memory is not the card's.
+    """
+    if order not in (None, "", ORDER_PCI, ORDER_FASTEST):
+        raise GpuSelectionError(
+            f"{ENV_ORDER}={order!r} is neither {ORDER_FASTEST} nor {ORDER_PCI}, the two values "
+            "CUDA knows",
+            fix=f"set {ENV_ORDER}={ORDER_PCI} (or unset it) in the server's environment",
+        )
+    if visible is None:
+        entry, how = "0", f"{ENV_VISIBLE} unset: CUDA device 0"
+    else:
+        entry = visible.split(",")[0].strip()
+        how = f"{ENV_VISIBLE}={visible}"
+        if not entry:
+            return ServerGpu(None, f"{how}: CUDA sees no GPU")
+    if entry.upper().startswith("MIG-"):
+        raise GpuSelectionError(
+            f"{how} names a MIG instance ({entry}); the GPU gate reads whole cards, not MIG "
+            "slices",
+            fix=f"give the server a whole card ({ENV_VISIBLE}=GPU-<uuid> or an index)",
+        )
+    if entry.upper().startswith("GPU-"):
+        found = [g for g in gpus if g.uuid.upper().startswith(entry.upper())]
+        if len(found) != 1:
+            listed = ", ".join(f"{g.index}: {g.uuid}" for g in gpus) or "none"
+            what = "no card has" if not found else f"{len(found)} cards have"
+            raise GpuSelectionError(
+                f"{how}: {what} a UUID starting with {entry} (cards: {listed})",
+                fix=f"set {ENV_VISIBLE} to one UUID that `nvidia-smi -L` lists",
+            )
+        return ServerGpu(found[0].index, f"{how}: nvidia-smi GPU {found[0].index}")
+    try:
+        cuda_index = int(entry)
+    except ValueError:
+        raise GpuSelectionError(
+            f"{how}: the first entry {entry!r} is neither an index nor a GPU- UUID, so CUDA "
+            "sees no GPU",
+            fix=f"set {ENV_VISIBLE} to an index or a UUID that `nvidia-smi -L` lists",
+        ) from None
+    if cuda_index < 0:
+        # "-1" is the usual way of hiding every card from CUDA.
+        return ServerGpu(None, f"{how}: CUDA sees no GPU")
+    ordered = sorted(gpus, key=lambda g: g.index)
+    if cuda_index >= len(ordered):
+        raise GpuSelectionError(
+            f"{how}: there is no GPU {cuda_index}; this machine has {len(ordered)}",
+            fix=f"set {ENV_VISIBLE} to an index below {len(ordered)} or to a UUID that "
+            "`nvidia-smi -L` lists",
+        )
+    models = sorted({g.name for g in ordered})
+    if order != ORDER_PCI and len(models) > 1:
+        raise GpuSelectionError(
+            f"{how}: CUDA counts GPUs fastest first ({ENV_ORDER} is {order or 'unset'}) and "
+            f"NVML by PCI bus, and this machine's cards differ ({', '.join(models)}), so which "
+            f"card CUDA's GPU {cuda_index} is cannot be told",
+            fix=f"set {ENV_ORDER}={ORDER_PCI} in the server's environment (then index N is "
+            f"nvidia-smi's GPU N), or name the card by UUID, {ENV_VISIBLE}=GPU-... "
+            "(`nvidia-smi -L` lists them)",
+        )
+    chosen = ordered[cuda_index]
+    return ServerGpu(chosen.index, f"{how}: nvidia-smi GPU {chosen.index}")
+
+
+def server_gpu_from_env(environ: Mapping[str, str], gpus: Sequence[GpuIdentity]) -> ServerGpu:
+    return server_gpu(environ.get(ENV_VISIBLE), environ.get(ENV_ORDER), gpus)
+
+
 # --- choosing a source ------------------------------------------------------------------------
 
 
@@ -322,6 +434,73 @@ def _import_pynvml() -> ModuleType | None:
         return importlib.import_module("pynvml")
     except ImportError:
         return None
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_gpus(nvml: ModuleType) -> tuple[GpuIdentity, ...]:
+    """Every card NVML sees, in its (PCI bus) order."""
+    nvml.nvmlInit()
+    try:
+        found = []
+        for i in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            found.append(GpuIdentity(i, uuid, _text(nvml.nvmlDeviceGetName(handle))))
+        return tuple(found)
+    finally:
+        nvml.nvmlShutdown()
+
+
+def smi_gpus(
+    executable: str = "nvidia-smi", runner: Runner = _run_nvidia_smi
+) -> tuple[GpuIdentity, ...]:
+    """Every card nvidia-smi lists, in its (PCI bus) order."""
+    query = ",".join(QUERY_GPU_FIELDS)
+    text = runner([executable, f"--query-gpu={query}", "--format=csv,noheader,nounits"])
+    return tuple(GpuIdentity(r.index, r.uuid, r.name) for r in parse_query_gpu(text))
+
+
+def _no_gpu(reasons: list[str]) -> NoNvidiaGpu:
+    # For a CPU plan the gate reports only the message: there, no GPU is expected.
+    return NoNvidiaGpu(
+        "no NVIDIA GPU found (" + "; ".join(reasons) + ")",
+        fix="install nvidia-ml-py or put nvidia-smi on PATH, and check the driver with nvidia-smi",
+    )
+
+
+def list_gpus(*, prefer: str = "auto") -> tuple[GpuIdentity, ...]:
+    """Every card, from NVML or else nvidia-smi (``prefer`` as for :func:`open_probe`)."""
+    reasons: list[str] = []
+    if prefer in ("auto", "nvml"):
+        nvml = _import_pynvml()
+        if nvml is None:
+            reasons.append("nvidia-ml-py (pynvml) is not installed")
+        else:
+            try:
+                gpus = nvml_gpus(nvml)
+            except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+                reasons.append(f"NVML: {err}")
+            else:
+                if gpus:
+                    return gpus
+                reasons.append("NVML reports no GPU")
+    if prefer in ("auto", "nvidia-smi"):
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            reasons.append("nvidia-smi is not on PATH")
+        else:
+            try:
+                gpus = smi_gpus(exe)
+            except Exception as err:
+                reasons.append(f"nvidia-smi: {err}")
+            else:
+                if gpus:
+                    return gpus
+                reasons.append("nvidia-smi lists no GPU")
+    raise _no_gpu(reasons)
 
 
 def open_probe(index: int = 0, *, prefer: str = "auto") -> GpuProbe:
@@ -356,11 +535,7 @@ def open_probe(index: int = 0, *, prefer: str = "auto") -> GpuProbe:
                 reasons.append(f"nvidia-smi: {err}")
             else:
                 return probe
-    # For a CPU plan the gate reports only the message: there, no GPU is expected.
-    raise NoNvidiaGpu(
-        "no NVIDIA GPU found (" + "; ".join(reasons) + ")",
-        fix="install nvidia-ml-py or put nvidia-smi on PATH, and check the driver with nvidia-smi",
-    )
+    raise _no_gpu(reasons)
 
 
 def device_node_holders(index: int, *, self_pid: int | None = None) -> list[tuple[int, str]]:

@@ -23,6 +23,8 @@ VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"
 VLLM_PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"
 VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
 VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+# A gauge set to 1 whose labels are the engine's CacheConfig (block_size, kv_cache_size_tokens...).
+VLLM_CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
 # What the exporter exports. Everything carries the ``qwen3090_`` namespace.
 CANARY_SUCCESS = "qwen3090_canary_success"
@@ -36,6 +38,13 @@ CANARY_LATENCY = "qwen3090_canary_latency_seconds"
 CANARY_COMPLETION_TOKENS = "qwen3090_canary_completion_tokens"
 CANARY_DECODE_RATE = "qwen3090_canary_decode_tokens_per_second"
 CANARY_INTERVAL = "qwen3090_canary_interval_seconds"
+CANARY_PREFIX_PROBES = "qwen3090_canary_prefix_probes"  # counter with a ``result`` label
+CANARY_PREFIX_SHARED = "qwen3090_canary_prefix_shared_tokens"
+CANARY_PREFIX_CACHED = "qwen3090_canary_prefix_cached_tokens"
+# Counters with a ``server`` label (host:port of the server probed), so the rules can take the
+# canary's own tokens out of vLLM's prefix-cache counters of the same instance.
+CANARY_PREFIX_PROMPT_TOKENS = "qwen3090_canary_prefix_prompt_tokens"
+CANARY_PREFIX_CACHED_TOKENS = "qwen3090_canary_prefix_hit_tokens"
 SERVER_UP = "qwen3090_server_up"
 SERVER_HEALTH_UP = "qwen3090_server_health_up"
 HEALTH_CANARY_DISAGREEMENT = "qwen3090_health_canary_disagreement"
@@ -43,6 +52,7 @@ BUILD_INFO = "qwen3090_build"  # Info metric: exposed as qwen3090_build_info
 
 BOOT_LOG_READABLE = "qwen3090_boot_log_readable"
 BOOT_KV_CACHE_TOKENS = "qwen3090_boot_kv_cache_tokens"
+BOOT_KV_CACHE_TOKENS_BEST = "qwen3090_boot_kv_cache_tokens_best"
 BOOT_MAX_CONCURRENCY = "qwen3090_boot_max_concurrency"
 BOOT_MAX_MODEL_LEN = "qwen3090_boot_max_model_len_tokens"
 BOOT_ENGINE_INIT_SECONDS = "qwen3090_boot_engine_init_seconds"
@@ -59,3 +69,6 @@ FAILURE_REASONS = (
     "stream_error",
     "protocol",
 )
+
+# The bounded set of values of the prefix canary's ``result`` label (canary.judge_prefix).
+PREFIX_RESULTS = ("hit", "miss", "short", "blind", "failed")

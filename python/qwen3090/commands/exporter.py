@@ -55,13 +55,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
     )
-    p.add_argument("--server-log", type=Path, help="the vLLM server's log file, for the boot facts")
+    p.add_argument(
+        "--server-log",
+        type=Path,
+        help="the vLLM server's log file, for the boot facts (KV pool, compile cache state)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="directory where the largest KV pool per build and configuration is kept, so a "
+        "shrunken pool is seen across restarts (default: remembered only while running)",
+    )
     p.add_argument(
         "--manifest",
         type=Path,
         help="build manifest to report (default: the one of the installed vLLM, if any)",
     )
     p.add_argument("--model", help="served model name (default: asked from /v1/models)")
+    p.add_argument(
+        "--prefix-every",
+        type=int,
+        default=2,
+        help="after every Nth canary, send the prefix-cache canary: a request, then one that "
+        "repeats its whole prompt and must get cached_tokens > 0 (default: 2; 0: never)",
+    )
+    p.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=None,
+        help="length of the prefix canary's shared prompt (default: three KV cache blocks, "
+        "from the server's /metrics)",
+    )
     p.add_argument(
         "--max-tokens", type=int, default=16, help="tokens each canary generates (default: 16)"
     )
@@ -88,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
         raise Qwen3090Error(
             f"--server {args.server!r} is not an http(s) URL", fix="e.g. http://127.0.0.1:18020"
         )
+    if args.prefix_every < 0 or (args.prefix_tokens is not None and args.prefix_tokens <= 0):
+        raise Qwen3090Error(
+            "--prefix-every must be >= 0 and --prefix-tokens positive",
+            fix="e.g. --prefix-every 2 --prefix-tokens 4096, or --prefix-every 0 to turn the "
+            "prefix canary off",
+        )
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -100,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         server_log=args.server_log,
         manifest=args.manifest,
+        state_dir=args.state_dir,
+        prefix_every=args.prefix_every,
+        prefix_tokens=args.prefix_tokens,
     )
     exporter = Exporter(config)
     if args.once:

@@ -35,7 +35,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--timeout", type=float, default=gate.DEFAULT_TIMEOUT_S,
         help="give up after this many seconds (default %(default)s)",
     )
-    p.add_argument("--device-index", type=int, default=0, help="NVML/nvidia-smi GPU index")
+    p.add_argument(
+        "--device-index", type=int, default=None,
+        help="nvidia-smi/NVML index of the GPU to watch (default: the server's, the first "
+        "entry of CUDA_VISIBLE_DEVICES, an index or GPU- UUID, read with CUDA_DEVICE_ORDER)",
+    )
     p.add_argument(
         "--kv-mem-pinned", action="store_true",
         help="the plan pins the KV pool in bytes (KV_MEM): warn if the card drives a display",

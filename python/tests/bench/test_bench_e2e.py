@@ -122,6 +122,8 @@ def test_decode(cpu_server: Any, tmp_path: Path) -> None:
         assert r["tok_s"] == pytest.approx(r["completion_tokens"] / (r["wall_s"] - r["ttft_s"]))
         assert r["tok_per_step"] is None  # no speculator on this server
     assert doc["summary"]["median_tok_s"] > 0
+    # Stamped with the pool the server's /metrics reports (issue 19, item 7).
+    assert doc["pool"]["source"] == "metrics" and doc["pool"]["kv_cache_tokens"] > 0
 
 
 def test_quality_gates_on_thresholds(cpu_server: Any, tmp_path: Path) -> None:

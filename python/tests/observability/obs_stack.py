@@ -214,7 +214,12 @@ class ExporterProc:
 
 
 def start_exporter(
-    server: Server, port: int, workdir: Path, interval_s: float, timeout_s: float
+    server: Server,
+    port: int,
+    workdir: Path,
+    interval_s: float,
+    timeout_s: float,
+    extra: tuple[str, ...] = (),
 ) -> ExporterProc:
     log_path = workdir / "exporter.log"
     argv = [
@@ -222,6 +227,7 @@ def start_exporter(
         "--server", server.base_url, "--api-key-file", str(server.api_key_file),
         "--interval", str(interval_s), "--timeout", str(timeout_s),
         "--host", "127.0.0.1", "--port", str(port), "--server-log", str(server.log_path),
+        *extra,
     ]  # fmt: skip
     env = dict(os.environ)
     env.pop("VLLM_API_KEY", None)

