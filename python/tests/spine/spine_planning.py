@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from qwen3090.capabilities import NEEDS, STOCK, Capabilities
-from qwen3090.plan import PlatformFacts, ServePlan, resolve
-from qwen3090.settings import load_settings
+from qwen3090.knobs import load_settings
+from qwen3090.resolver import PlatformFacts, ServePlan, resolve
 
 # A build whose manifest provides every capability the resolver can ask for.
 FULL = Capabilities(
     env=frozenset(n.name for n in NEEDS.values() if n.kind == "env"),
     flags=frozenset({"kvarn_k4v2_g128"}),
-    features=frozenset(n.feature for n in NEEDS.values()),
+    # cpu-dist-name: the `vllm serve` launcher runs even where only the CPU wheel is installed.
+    features=frozenset({*(n.feature for n in NEEDS.values() if n.feature), "cpu-dist-name"}),
     patches=("everything",),
     source="a test manifest with every capability",
 )
