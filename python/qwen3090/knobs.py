@@ -57,7 +57,8 @@ def parse_value(knob: Knob, raw: object, source: str) -> Value | None:
     else:
         raise Qwen3090Error(
             f"{knob.name} from {source}: expected a scalar, got {type(raw).__name__}",
-            fix=f"give {knob.name} a single value",
+            fix=f"give {knob.name} a single value in the --config file (a list only for "
+            "EXTRA_ARGS)",
         )
     text = text.strip() if knob.rule.type != "args" else text
     if text == "" and not knob.empty_is_value:
@@ -68,7 +69,8 @@ def parse_value(knob: Knob, raw: object, source: str) -> Value | None:
         hint = f" ({', '.join(repr(c) for c in knob.choices)})" if knob.choices else ""
         raise Qwen3090Error(
             f"{knob.name}={text!r} from {source}: {err}",
-            fix=f"set {knob.name} to a valid value{hint}, or leave it unset for the default",
+            fix=f"set {knob.name} ({knob.flag}, the {knob.name} variable or --config key) to a "
+            f"valid value{hint}, or leave it unset for the default",
         ) from None
 
 
@@ -93,14 +95,15 @@ def read_yaml(path: Path) -> dict[str, object]:
         ) from None
     except yaml.YAMLError as err:
         raise Qwen3090Error(
-            f"the settings file {path} is not valid YAML: {err}", fix="fix the YAML syntax"
+            f"the settings file {path} is not valid YAML: {err}",
+            fix="fix the YAML syntax of the file passed to --config"
         ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise Qwen3090Error(
             f"the settings file {path} must be a mapping of knob names to values",
-            fix="write it as `SPEC: dflash2` lines (or lower-case keys)",
+            fix="write the --config file as `SPEC: dflash2` lines (or lower-case keys)",
         )
     out: dict[str, object] = {}
     for key, value in data.items():
@@ -112,7 +115,7 @@ def read_yaml(path: Path) -> dict[str, object]:
         if name in out:
             raise Qwen3090Error(
                 f"knob {name} is given twice in the settings file {path}",
-                fix="keep one of the two keys",
+                fix="keep one of the two keys in the --config file",
             )
         out[name] = value
     return out
