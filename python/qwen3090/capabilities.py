@@ -8,6 +8,10 @@ before it emits any environment variable, flag or flag value a patch provides:
 - the value came only from a profile DEFAULT: it is dropped with a warning in the plan, so
   the default plans stay usable on a build without the patch.
 
+``EMITTED`` is the one table of every environment variable a plan (or ``serve``) sets and every
+patch-only flag value: what reads it, the patch file of ``patches/`` that provides it (or that
+no patch here does, and what to set instead), and whether it is GPU-only. ``NEEDS``,
+``STOCK_ENV``, ``EXTERNAL_ENV`` and the CPU rule set's GPU-only lists are derived from it.
 ``STOCK_ENV`` and ``STOCK_FLAGS`` list every stock name the resolver emits; a test holds them
 against the real ``vllm.envs`` and vLLM 0.28.0's own argument parser.
 """
@@ -17,17 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qwen3090.errors import Qwen3090Error
-
-# vLLM 0.28.0's own environment variables that plans set (all registered in vllm.envs).
-STOCK_ENV = frozenset(
-    {
-        "VLLM_USE_FLASHINFER_SAMPLER",
-        "VLLM_MARLIN_INPUT_DTYPE",
-        "VLLM_API_KEY",
-    }
-)
-# Read by a library under vLLM, not by vLLM itself (torch's CUDA caching allocator).
-EXTERNAL_ENV = frozenset({"PYTORCH_CUDA_ALLOC_CONF"})
 
 # Stock flags plans emit -> the values they may carry (None: any value, or no value).
 STOCK_FLAGS: dict[str, frozenset[str] | None] = {
@@ -71,7 +64,7 @@ NOT_IN_REPOSITORY = "not in this repository"
 
 
 @dataclass(frozen=True)
-class PatchNeed:
+class Emitted:
     """An environment variable or flag value plans emit: what reads it, and where it runs."""
 
     kind: str
@@ -90,47 +83,56 @@ class PatchNeed:
     """What a user can set instead when the capability is missing (knob settings)."""
     gpu_only: bool = False
     """Nothing on vLLM's CPU build reads it (the CPU rule set leaves it out)."""
+    library: str | None = None
+    """The library under vLLM that reads it (None: vLLM itself)."""
 
 
 # Every environment variable a plan can set, and every patch-only flag value, in one table.
 # The order of the env rows is the order the CPU rule set names them in its warning.
-EMITTED: tuple[PatchNeed, ...] = (
-    PatchNeed("env", "PYTORCH_CUDA_ALLOC_CONF", None,
-              "torch's CUDA caching allocator settings (gotcha 3)", gpu_only=True),
-    PatchNeed("env", "VLLM_USE_FLASHINFER_SAMPLER", None, "FlashInfer's sampler off",
-              gpu_only=True),
-    PatchNeed("env", "VLLM_SPEC_DECODE_ATTN", "spec-decode-attn",
-              "split-KV verify attention (gotcha 12)", "spec-decode-attn.patch",
-              "SPEC_ATTN=0", gpu_only=True),
-    PatchNeed("env", "VLLM_SPEC_DECODE_ATTN_QMAX", "spec-decode-attn",
-              "fixed verify-attention scratch size (gotcha 17)", "spec-decode-attn.patch",
-              "SPEC_ATTN=0", gpu_only=True),
-    PatchNeed("env", "VLLM_V2_CUDAGRAPH_MEM_MIB", "v2-cudagraph-mem-estimate",
-              "V2 runner CUDA-graph memory reservation (gotchas 15, 25)",
-              "hybrid-kv-groups-v2-cudagraph.patch", gpu_only=True),
-    PatchNeed("env", "VLLM_MARLIN_INPUT_DTYPE", None, "Marlin int8/fp8 activations",
-              gpu_only=True),
-    PatchNeed("env", "VLLM_MARLIN_INT8_INCLUDE_RE", "int8-layer-select",
-              "int8 activations on a chosen set of layers (gotcha 16)", None,
-              "INT8_LAYERS=. (every layer, what stock vLLM does; GPU_UTIL at most 0.95) or "
-              "INT8_ACT= (empty: int8 activations off)", gpu_only=True),
-    PatchNeed("env", "VLLM_DFLASH2_LOOKUP", "dflash2-lookup", "DFlash2 lookup drafting", None,
-              "LOOKUP=0", gpu_only=True),
-    PatchNeed("env", "VLLM_DFLASH2_LOOKUP_ADAPTIVE", "dflash2-lookup",
-              "DFlash2 adaptive verify length", None, "LOOKUP_ADAPTIVE=0", gpu_only=True),
-    PatchNeed("env", "VLLM_VISION_TOWER_CPU_OFFLOAD", "vision-tower-cpu-offload",
-              "vision tower weights in host RAM (gotcha 8)", None,
-              "VISION_OFFLOAD=0 (the tower stays in GPU memory; lower KV_MEM by 1 GiB)",
-              gpu_only=True),
-    PatchNeed("env", "KVARN_POOL_MEM_FRAC", "kvarn", "the KVarN KV cache pool", None,
-              "CTX=long (single-user) or KV=int4pth (batch)"),
-    PatchNeed("flag-value", "--kv-cache-dtype=kvarn_k4v2_g128", "kvarn",
-              "the KVarN KV cache (gotcha 46)", None,
-              "CTX=long (single-user) or KV=int4pth (batch)"),
+EMITTED: tuple[Emitted, ...] = (
+    Emitted("env", "PYTORCH_CUDA_ALLOC_CONF", None,
+            "torch's CUDA caching allocator settings (gotcha 3)", gpu_only=True, library="torch"),
+    Emitted("env", "VLLM_USE_FLASHINFER_SAMPLER", None, "FlashInfer's sampler off",
+            gpu_only=True),
+    Emitted("env", "VLLM_SPEC_DECODE_ATTN", "spec-decode-attn",
+            "split-KV verify attention (gotcha 12)", "spec-decode-attn.patch",
+            "SPEC_ATTN=0", gpu_only=True),
+    Emitted("env", "VLLM_SPEC_DECODE_ATTN_QMAX", "spec-decode-attn",
+            "fixed verify-attention scratch size (gotcha 17)", "spec-decode-attn.patch",
+            "SPEC_ATTN=0", gpu_only=True),
+    Emitted("env", "VLLM_V2_CUDAGRAPH_MEM_MIB", "v2-cudagraph-mem-estimate",
+            "V2 runner CUDA-graph memory reservation (gotchas 15, 25)",
+            "hybrid-kv-groups-v2-cudagraph.patch", gpu_only=True),
+    Emitted("env", "VLLM_MARLIN_INPUT_DTYPE", None, "Marlin int8/fp8 activations",
+            gpu_only=True),
+    Emitted("env", "VLLM_MARLIN_INT8_INCLUDE_RE", "int8-layer-select",
+            "int8 activations on a chosen set of layers (gotcha 16)", None,
+            "INT8_LAYERS=. (every layer, what stock vLLM does; GPU_UTIL at most 0.95) or "
+            "INT8_ACT= (empty: int8 activations off)", gpu_only=True),
+    Emitted("env", "VLLM_DFLASH2_LOOKUP", "dflash2-lookup", "DFlash2 lookup drafting", None,
+            "LOOKUP=0", gpu_only=True),
+    Emitted("env", "VLLM_DFLASH2_LOOKUP_ADAPTIVE", "dflash2-lookup",
+            "DFlash2 adaptive verify length", None, "LOOKUP_ADAPTIVE=0", gpu_only=True),
+    Emitted("env", "VLLM_VISION_TOWER_CPU_OFFLOAD", "vision-tower-cpu-offload",
+            "vision tower weights in host RAM (gotcha 8)", None,
+            "VISION_OFFLOAD=0 (the tower stays in GPU memory; lower KV_MEM by 1 GiB)",
+            gpu_only=True),
+    Emitted("env", "KVARN_POOL_MEM_FRAC", "kvarn", "the KVarN KV cache pool", None,
+            "CTX=long (single-user) or KV=int4pth (batch)"),
+    Emitted("env", "VLLM_API_KEY", None, "the API key (serve sets it from API_KEY_FILE)"),
+    Emitted("flag-value", "--kv-cache-dtype=kvarn_k4v2_g128", "kvarn",
+            "the KVarN KV cache (gotcha 46)", None,
+            "CTX=long (single-user) or KV=int4pth (batch)"),
 )
 
-NEEDS: dict[str, PatchNeed] = {n.name: n for n in EMITTED if n.feature is not None}
+NEEDS: dict[str, Emitted] = {n.name: n for n in EMITTED if n.feature is not None}
 """What only a patch provides, by env var / ``--flag=value``."""
+# vLLM 0.28.0's own environment variables that plans and serve set (all registered in vllm.envs).
+STOCK_ENV = frozenset(
+    n.name for n in EMITTED if n.kind == "env" and n.feature is None and n.library is None
+)
+# Read by a library under vLLM, not by vLLM itself.
+EXTERNAL_ENV = frozenset(n.name for n in EMITTED if n.library is not None)
 GPU_ONLY_ENV: tuple[str, ...] = tuple(n.name for n in EMITTED if n.kind == "env" and n.gpu_only)
 GPU_ONLY_FEATURES: frozenset[str] = frozenset(
     n.feature for n in EMITTED if n.gpu_only and n.feature is not None
@@ -148,7 +150,7 @@ class Capabilities:
     source: str = "stock vLLM 0.28.0 (no patch manifest found)"
     """Where these came from, for messages."""
 
-    def has(self, need: PatchNeed) -> bool:
+    def has(self, need: Emitted) -> bool:
         if need.kind == "env":
             return need.name in self.env
         value = need.name.partition("=")[2]
@@ -180,7 +182,7 @@ def from_installed() -> Capabilities:
     )
 
 
-def missing_error(need: PatchNeed, knob: str, value: str, caps: Capabilities) -> Qwen3090Error:
+def missing_error(need: Emitted, knob: str, value: str, caps: Capabilities) -> Qwen3090Error:
     """The error for a knob the user set whose value needs a patch this build lacks.
 
     The fix names knobs (flags, variables, --config keys of ``plan``/``serve``) and, where this

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spine_planning import STOCK
+from spine_planning import FULL, STOCK, plan_for
 
 from qwen3090.capabilities import EMITTED, NEEDS, NOT_IN_REPOSITORY, missing_error
 from qwen3090.patchtool import Patch, load_series
@@ -65,3 +65,24 @@ def test_missing_capability_error_says_where_it_comes_from(name: str) -> None:
     else:
         assert f"patches/{need.provided_by}" in err.message
         assert need.provided_by in err.fix and "--manifest" in err.fix
+
+
+@pytest.mark.parametrize("profile", ["single-user", "batch"])
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_every_variable_a_plan_sets_is_in_the_table(
+    profile: str, device: str, tmp_path: Path
+) -> None:
+    names = {n.name for n in EMITTED if n.kind == "env"}
+    combos = [{"SPEC": s, "CTX": c} for s in ("mtp", "off") for c in ("fast", "long", "huge")]
+    combos += [{"SPEC": "dflash2", "CTX": c, "DFLASH_TOKENS": "15", "PREFIX_CACHE": "1"}
+               for c in ("fast", "long", "huge")] if device == "cuda" else []
+    combos += [{"KV": kv, "VISION": "1", "INT8_ACT": "int8"} for kv in ("fp8", "int4pth", "kvarn")]
+    seen: set[str] = set()
+    for env in combos:
+        if profile == "batch":
+            env = {k: v for k, v in env.items() if k not in {"SPEC", "CTX", "DFLASH_TOKENS"}}
+        plan = plan_for(env, cli={"PROFILE": profile, "DEVICE": device}, caps=FULL, cwd=tmp_path)
+        assert set(plan.env) <= names, set(plan.env) - names
+        seen |= set(plan.env)
+    if device == "cpu":
+        assert not seen & {n.name for n in EMITTED if n.gpu_only}
