@@ -292,10 +292,11 @@ class Settings:
 
     def given(self, knob: str) -> bool:
         """True when the user set ``knob`` (upper-case name) in some source."""
-        return getattr(self, knob.lower()) is not None
+        return getattr(self, KNOB_BY_NAME[knob].attr) is not None
 
     def source(self, knob: str) -> str:
-        return self.sources.get(knob, "a profile default")
+        """Where ``knob``'s value came from; a misspelt name is a KeyError, not a default."""
+        return self.sources.get(KNOB_BY_NAME[knob].name, "a profile default")
 
 
 def _knobs() -> tuple[Knob, ...]:

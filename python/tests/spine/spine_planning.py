@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,7 +35,7 @@ def plan_for(
     settings = load_settings(environ=env or {}, cli=cli)
     base = facts or PlatformFacts()
     if cwd is not None:
-        base = PlatformFacts(base.wsl2, base.foreign_gpu_mib, base.api_key_env, cwd)
+        base = dataclasses.replace(base, cwd=cwd)
     return resolve(settings, caps, base)
 
 
