@@ -15,7 +15,7 @@ from typing import Any
 
 from qwen3090 import profiles as P
 from qwen3090.pins import models_dir
-from qwen3090.settings import Device, Profile, Settings
+from qwen3090.settings import CudagraphMode, Device, Profile, Settings
 
 
 def _vllm_distribution_installed() -> bool:
@@ -74,7 +74,7 @@ class PlanBuilder:
     async_scheduling: bool | None = None
     cg: int = 0
     """max_cudagraph_capture_size; 0 leaves it out (the CPU build captures no graphs)."""
-    cudagraph_mode: str | None = None
+    cudagraph_mode: CudagraphMode | None = None
     tool_parser: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
