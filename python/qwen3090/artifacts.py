@@ -100,6 +100,11 @@ def unpack_vllm(archive: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     if (dest / "vllm").exists():
         raise Qwen3090Error(f"{dest / 'vllm'} already exists", fix="unpack into an empty dir")
+    # The archive is a pinned artifact, so a malformed one means the pin or the cache is wrong.
+    bad_archive = (
+        f"delete {archive} (a cached copy is downloaded again and re-hashed), and check that "
+        "the pin in pins.json names a vLLM sdist or wheel"
+    )
     name = archive.name
     if name.endswith(".whl"):
         with zipfile.ZipFile(archive) as zf:
@@ -121,19 +126,24 @@ def unpack_vllm(archive: Path, dest: Path) -> Path:
                     info.name = "/".join(parts[1:])
                     chosen.append(info)
             if not chosen:
-                raise Qwen3090Error(f"{archive} holds no <name>/vllm/ package directory")
+                raise Qwen3090Error(
+                    f"{archive} holds no <name>/vllm/ package directory", fix=bad_archive
+                )
             tf.extractall(dest, members=chosen, filter="data")
     else:
-        raise Qwen3090Error(f"{archive}: not a wheel or a .tar.gz sdist")
+        raise Qwen3090Error(f"{archive}: not a wheel or a .tar.gz sdist", fix=bad_archive)
     if not (dest / "vllm" / "__init__.py").is_file():
-        raise Qwen3090Error(f"{archive} unpacked without vllm/__init__.py")
+        raise Qwen3090Error(f"{archive} unpacked without vllm/__init__.py", fix=bad_archive)
     return dest
 
 
 def _check_member(name: str) -> None:
     parts = name.split("/")
     if name.startswith("/") or ".." in parts:
-        raise Qwen3090Error(f"archive member {name!r} escapes the destination")
+        raise Qwen3090Error(
+            f"archive member {name!r} escapes the destination; nothing of it was used",
+            fix="do not use this archive: check where its pin in pins.json points",
+        )
 
 
 def pristine_tree(key: str, cache: Path | None = None) -> Path:

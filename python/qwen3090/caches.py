@@ -91,10 +91,10 @@ def installed_vllm_version() -> str:
 
 
 def find_manifest() -> BuildIdentity | None:
-    """The installed build's manifest (qwen3090.manifest), or None when vLLM is stock."""
-    from qwen3090.manifest import find_installed_manifest
+    """The build's manifest (:func:`qwen3090.manifest.read_manifest`), or None when stock."""
+    from qwen3090.manifest import read_manifest
 
-    return find_installed_manifest()
+    return read_manifest()
 
 
 def build_of(manifest: BuildIdentity | None) -> Build:

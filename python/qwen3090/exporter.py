@@ -65,7 +65,7 @@ def build_labels(manifest_path: Path | None = None) -> dict[str, str]:
     Without a manifest (stock vLLM, or a vLLM not installed beside the exporter) the version
     comes from the installed distribution's metadata, and the digest reads ``none``.
     """
-    from qwen3090.manifest import find_installed_manifest, load_manifest
+    from qwen3090.manifest import read_manifest
 
     labels = {
         "qwen3090_version": __version__,
@@ -75,9 +75,7 @@ def build_labels(manifest_path: Path | None = None) -> dict[str, str]:
         "manifest": "absent",
     }
     try:
-        manifest = (
-            load_manifest(manifest_path) if manifest_path is not None else find_installed_manifest()
-        )
+        manifest = read_manifest(manifest_path)
     except Qwen3090Error as err:
         log.warning("build manifest unreadable: %s", err.message)
         labels["manifest"] = "invalid"

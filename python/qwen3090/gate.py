@@ -180,6 +180,36 @@ class GateReport:
     outcome: GateOutcome | None
 
 
+@dataclass(frozen=True)
+class GateCli:
+    """What the command running the gate lets the user change, worded for its error fixes:
+    ``qwen3090 gate`` has a flag for every setting, ``serve`` only ``--no-gate``."""
+
+    busy: str
+    """The card stayed held until the timeout."""
+    read_failed: str
+    """A reading failed in the middle of the wait."""
+    no_gpu: str
+    """No usable NVIDIA GPU (or not the one asked for) for a CUDA plan; follows the probe's fix."""
+
+
+GATE_CLI = GateCli(
+    busy="stop those processes (or wait for them), or raise --timeout / --threshold-mib if "
+    "what holds the card is meant to stay",
+    read_failed="check the driver (nvidia-smi), or choose the other source with --source",
+    no_gpu="(--device-index picks the GPU); where no NVIDIA GPU is meant to be, pass "
+    "--plan-device cpu",
+)
+SERVE_CLI = GateCli(
+    busy="stop those processes (or wait for them), then serve again; wait longer first with "
+    "`qwen3090 gate --timeout SECONDS`; if what holds the card is meant to stay, serve with "
+    "--no-gate (vLLM then sizes its KV pool around it)",
+    read_failed="check the driver (nvidia-smi), or serve with --no-gate",
+    no_gpu="; without an NVIDIA GPU, serve on the CPU with --device cpu and a small model "
+    "(`qwen3090 demo-model DIR`, then --model DIR)",
+)
+
+
 def run_gate(
     policy: GatePolicy,
     *,
@@ -188,12 +218,13 @@ def run_gate(
     plan_device: str = "cuda",
     prefer: str = "auto",
     on_sample: Callable[[GpuSample], None] | None = None,
+    cli: GateCli = SERVE_CLI,
 ) -> GateReport:
     """Gate a start on GPU ``device_index``; the API ``serve`` calls before exec'ing vLLM.
 
     Returns a report when the card is free (or when there is no GPU and the plan is for the
     CPU); raises :class:`~qwen3090.errors.Qwen3090Error` on timeout or when there is no GPU
-    for a CUDA plan.
+    for a CUDA plan, its fix worded for the command ``cli`` describes.
     """
     from qwen3090.errors import Qwen3090Error
     from qwen3090.gpuprobe import NoNvidiaGpu, device_node_holders, open_probe
@@ -211,7 +242,7 @@ def run_gate(
     except NoNvidiaGpu as err:
         if plan_device == "cpu":
             return GateReport(f"{err.message}; the plan is for the CPU: nothing to gate", (), None)
-        raise
+        raise NoNvidiaGpu(err.message, fix=f"{err.fix} {cli.no_gpu}") from err
     try:
         outcome = wait_for_free_gpu(probe, policy, on_sample=on_sample)
     except Qwen3090Error:
@@ -219,7 +250,7 @@ def run_gate(
     except Exception as err:  # a driver hiccup mid-wait: say which source failed, no traceback
         raise Qwen3090Error(
             f"reading GPU {device_index} through {probe.source} failed: {err}",
-            fix="check the driver (nvidia-smi), or choose the other source with --source",
+            fix=cli.read_failed,
         ) from err
     finally:
         probe.close()
@@ -234,8 +265,7 @@ def run_gate(
                 )
         raise Qwen3090Error(
             timeout_message(outcome, policy, extra),
-            fix="stop those processes (or wait for them), or raise --timeout / "
-            "--threshold-mib if what holds the card is meant to stay",
+            fix=cli.busy,
             exit_code=3,
         )
     warn = display_warning(last, kv_mem_pinned)

@@ -198,7 +198,7 @@ class NvidiaSmiProbe:
         if self.index not in rows:
             raise NoNvidiaGpu(
                 f"nvidia-smi lists no GPU with index {self.index} (it lists {sorted(rows)})",
-                fix="pass --device-index with one of those",
+                fix=f"gate a GPU index nvidia-smi lists: {sorted(rows)}",
             )
         gpu = rows[self.index]
         query = ",".join(QUERY_APPS_FIELDS)
@@ -241,11 +241,14 @@ class NvmlProbe:
         try:
             count = int(nvml.nvmlDeviceGetCount())
             if count == 0:
-                raise NoNvidiaGpu("NVML loaded but reports no NVIDIA GPU")
+                raise NoNvidiaGpu(
+                    "NVML loaded but reports no NVIDIA GPU",
+                    fix="check the driver and the card with nvidia-smi",
+                )
             if not 0 <= index < count:
                 raise NoNvidiaGpu(
                     f"NVML reports {count} GPU(s); there is no GPU with index {index}",
-                    fix=f"pass --device-index between 0 and {count - 1}",
+                    fix=f"gate a GPU index between 0 and {count - 1}",
                 )
             self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
             name = nvml.nvmlDeviceGetName(self._handle)
@@ -353,9 +356,10 @@ def open_probe(index: int = 0, *, prefer: str = "auto") -> GpuProbe:
                 reasons.append(f"nvidia-smi: {err}")
             else:
                 return probe
-    # One line, no separate fix: on a machine without a GPU this is expected, not alarming.
+    # For a CPU plan the gate reports only the message: there, no GPU is expected.
     raise NoNvidiaGpu(
-        "no NVIDIA GPU found (" + "; ".join(reasons) + "); a CPU plan passes with --plan-device cpu"
+        "no NVIDIA GPU found (" + "; ".join(reasons) + ")",
+        fix="install nvidia-ml-py or put nvidia-smi on PATH, and check the driver with nvidia-smi",
     )
 
 

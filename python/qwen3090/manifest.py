@@ -68,6 +68,12 @@ class Manifest:
         return frozenset(v for p in self.patches for v in p.provides.features)
 
     @property
+    def source(self) -> str:
+        """Where this build's facts come from, in words (for messages and plans)."""
+        where = f"the manifest {self.path}" if self.path else "the build manifest"
+        return f"{where} ({len(self.patches)} patches, series {self.series_digest})"
+
+    @property
     def patch_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.patches)
 
@@ -166,7 +172,9 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     except OSError as err:
         raise Qwen3090Error(
             f"cannot read the build manifest {p}: {err.strerror}",
-            fix="point QWEN3090_MANIFEST at vllm/_qwen3090/manifest.json of a patched tree",
+            # No flag named: commands without --manifest read it too (through the variable).
+            fix=f"name the {MANIFEST_RELPATH} of a patched vLLM tree, or unset {MANIFEST_ENV} "
+            "to use the installed vLLM's",
         ) from err
     try:
         data = json.loads(text)
@@ -183,16 +191,29 @@ def installed_vllm_root() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
-def find_installed_manifest() -> Manifest | None:
-    """The manifest of the vLLM that ``import vllm`` would load; None for an unpatched vLLM.
+def manifest_in_tree(root: Path) -> Manifest | None:
+    """The manifest of the patched tree at ``root`` (the directory containing ``vllm/``);
+    None when the tree is unpatched."""
+    candidate = root / MANIFEST_RELPATH
+    return load_manifest(candidate) if candidate.is_file() else None
 
-    ``$QWEN3090_MANIFEST`` overrides the lookup; a path given there must exist.
+
+def read_manifest(path: str | os.PathLike[str] | None = None) -> Manifest | None:
+    """The build manifest a command works against: the one rule every reader follows.
+
+    ``path`` (a command's ``--manifest``) first, which must exist; else ``$QWEN3090_MANIFEST``,
+    which must exist too; else the manifest of the vLLM that ``import vllm`` would load (found
+    without importing it). None means that vLLM is stock (unpatched) or not installed.
     """
+    if path is not None:
+        return load_manifest(path)
     override = os.environ.get(MANIFEST_ENV)
     if override:
         return load_manifest(override)
     root = installed_vllm_root()
-    if root is None:
-        return None
-    candidate = root / MANIFEST_RELPATH
-    return load_manifest(candidate) if candidate.is_file() else None
+    return None if root is None else manifest_in_tree(root)
+
+
+def find_installed_manifest() -> Manifest | None:
+    """:func:`read_manifest` without an explicit path (no ``--manifest``)."""
+    return read_manifest()

@@ -28,15 +28,25 @@ METHOD_WORDS = ("dflash", "dspark", "eagle3", "eagle-")
 REASONING_MARKERS = ("<think>", "</think>")
 
 
-def fix_for(path: Path) -> str:
-    """The command that repairs ``path``: the fetch target whose dir it is, when one is."""
+# The pinned checkpoints are the 27B model, which the CPU build cannot serve usefully.
+CPU_MODEL_FIX = (
+    "on --device cpu serve a small model: `qwen3090 demo-model DIR`, then MODEL=DIR "
+    "(or --model DIR)"
+)
+
+
+def fix_for(path: Path, device: str = "cuda") -> str:
+    """What repairs ``path`` for a plan on ``device``: on CUDA, the fetch of the pinned target
+    whose dir it is, when one is; on the CPU, a demo model instead of a missing 27B one."""
     try:
         targets = load_targets()
     except Qwen3090Error:
         targets = {}
-    for name, target in targets.items():
-        if target.dir == path.name:
-            return f"qwen3090 fetch {name} --dest {path.parent}"
+    pinned = next((name for name, t in targets.items() if t.dir == path.name), None)
+    if device == "cpu" and (pinned is not None or not path.exists()):
+        return CPU_MODEL_FIX
+    if pinned is not None:
+        return f"qwen3090 fetch {pinned} --dest {path.parent}"
     return f"re-download the checkpoint into {path} (qwen3090 fetch TARGET --dest DIR)"
 
 
@@ -166,14 +176,15 @@ def _check_tokenizer(path: Path) -> list[str]:
     return problems
 
 
-def check_model_dir(path: Path, role: str = "target") -> list[str]:
-    """Every reason ``path`` cannot be served in ``role`` ("target" or "draft"); [] when fine.
+def check_model_dir(path: Path, role: str = "target", device: str = "cuda") -> list[str]:
+    """Every reason ``path`` cannot be served in ``role`` ("target" or "draft") by a plan on
+    ``device``; [] when fine.
 
     Each message starts with the directory and ends with the fix.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-    fix = fix_for(path)
+    fix = fix_for(path, device)
     problems: list[str] = []
     if role == "target":
         # vLLM tests the string it is given; serve may pass a relative or a resolved path.
@@ -203,10 +214,10 @@ def check_model_dir(path: Path, role: str = "target") -> list[str]:
     return problems
 
 
-def require_model_dirs(dirs: Iterable[tuple[Path, str]]) -> None:
+def require_model_dirs(dirs: Iterable[tuple[Path, str]], device: str = "cuda") -> None:
     """Raise one :class:`Qwen3090Error` listing every problem of every (dir, role) pair;
-    what ``serve`` runs for each dir it passes to vLLM."""
-    problems = [p for path, role in dirs for p in check_model_dir(path, role)]
+    what ``serve`` runs for each dir it passes to vLLM (``device``: the plan's)."""
+    problems = [p for path, role in dirs for p in check_model_dir(path, role, device)]
     if problems:
         raise Qwen3090Error(
             "model directory check failed:\n  " + "\n  ".join(problems),

@@ -19,22 +19,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from qwen3090.apikey import API_KEY_ENV, read_api_key
 from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
 from qwen3090.resolver import ServePlan
-
-
-def read_api_key(path: str) -> str:
-    try:
-        key = Path(path).read_text().strip()
-    except OSError as err:
-        raise Qwen3090Error(
-            f"cannot read the API key file {path}: {err.strerror}",
-            fix="point API_KEY_FILE at a readable file holding the key",
-        ) from None
-    if not key:
-        raise Qwen3090Error(f"the API key file {path} is empty", fix="write the key into it")
-    return key
 
 
 def check_models(plan: ServePlan, caps: Capabilities) -> None:
@@ -45,7 +33,7 @@ def check_models(plan: ServePlan, caps: Capabilities) -> None:
     dirs: list[tuple[Path, str]] = [(Path(plan.model), "target")]
     if plan.draft is not None:
         dirs.append((Path(plan.draft), "draft"))
-    modelcheck.require_model_dirs(dirs)
+    modelcheck.require_model_dirs(dirs, device=plan.device)
     check_qwen3_5_imports(Path(plan.model), caps)
 
 
@@ -127,7 +115,7 @@ def child_env(plan: ServePlan, base: Mapping[str, str]) -> dict[str, str]:
         env.setdefault(name, value)
     env.update(plan.env)
     if plan.api_key_file:
-        env["VLLM_API_KEY"] = read_api_key(plan.api_key_file)
+        env[API_KEY_ENV] = read_api_key(plan.api_key_file, "API_KEY_FILE (--api-key-file)")
     return env
 
 

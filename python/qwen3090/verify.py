@@ -48,4 +48,8 @@ def verify_patches(vllm_root: Path | None, patches: Path | None) -> patchtool.Ve
         series = patchtool.load_series(series_dir)
         return patchtool.verify_tree(root, series)
     except patchtool.PatchToolError as err:
-        raise Qwen3090Error(str(err)) from err
+        raise Qwen3090Error(
+            str(err),
+            fix="repair what the message names: --patches DIR takes the repository's patches/ "
+            "(series and *.patch), --vllm-root the directory that contains vllm/",
+        ) from err

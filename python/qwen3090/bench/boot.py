@@ -93,10 +93,9 @@ def ratio(warm: float | None, cold: float | None) -> float | None:
 def _tree_manifest(tree: Path | None) -> caches.BuildIdentity | None:
     if tree is None:
         return caches.find_manifest()
-    from qwen3090.manifest import MANIFEST_RELPATH, load_manifest
+    from qwen3090.manifest import manifest_in_tree
 
-    path = tree / MANIFEST_RELPATH
-    return load_manifest(path) if path.is_file() else None
+    return manifest_in_tree(tree)
 
 
 def _server_argv(args: argparse.Namespace, port: int) -> list[str]:
@@ -179,7 +178,10 @@ def run(args: argparse.Namespace) -> int:
             "no model to boot", fix="give --model-dir DIR (e.g. `qwen3090 demo-model DIR`)"
         )
     if args.cold < 1 or args.warm < 1:
-        raise Qwen3090Error("need at least one cold and one warm boot")
+        raise Qwen3090Error(
+            f"need at least one cold and one warm boot (--cold {args.cold}, --warm {args.warm})",
+            fix="pass --cold N and --warm N of 1 or more",
+        )
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="qwen3090-bootbench-"))
     work.mkdir(parents=True, exist_ok=True)
     warm_base = work / "cold-1"

@@ -93,7 +93,9 @@ def prompt_token_logprobs(entries: Sequence[Any]) -> list[float]:
             continue
         if len(pos) != 1:
             raise Qwen3090Error(
-                "prompt_logprobs returned more than the prompt token; expected k=0 entries"
+                "prompt_logprobs returned more than the prompt token; expected k=0 entries",
+                fix="point --server at a vLLM server (its prompt_logprobs=0 returns only the "
+                "prompt's own token per position)",
             )
         (entry,) = pos.values()
         lp = entry["logprob"] if isinstance(entry, dict) else entry
@@ -110,7 +112,8 @@ def load_gsm8k(path: Path) -> list[tuple[str, str]]:
         ref = reference_answer(str(obj.get("answer", "")))
         if "question" not in obj or ref is None:
             raise Qwen3090Error(
-                f"{path}:{n}: expected GSM8K format {{'question', 'answer': '... #### N'}}"
+                f"{path}:{n}: expected GSM8K format {{'question', 'answer': '... #### N'}}",
+                fix="give --gsm8k a JSONL file with one such object per line",
             )
         items.append((str(obj["question"]), ref))
     return items

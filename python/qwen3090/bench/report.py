@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen3090 import caches
+from qwen3090.apikey import API_KEY_ENV
 from qwen3090.bench.client import Client
 
 
@@ -28,8 +29,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("VLLM_API_KEY"),
-        help="bearer token (default: $VLLM_API_KEY)",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"bearer token (default: ${API_KEY_ENV})",
     )
     parser.add_argument("--model", default="qwen3.8-27b", help="served model name")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request seconds")

@@ -212,7 +212,10 @@ def run(args: argparse.Namespace) -> int:
         base = count("")
         start = args.start if args.start is not None else base + 1
         if start <= base:
-            raise Qwen3090Error(f"--start {start} is not above the unpadded length {base}")
+            raise Qwen3090Error(
+                f"--start {start} is not above the unpadded length {base}",
+                fix=f"pass a --start above {base}, or leave it out (one token above)",
+            )
         block = cache_config_info(client.metrics()).get("block_size")
         if block and block.isdigit() and start <= int(block):
             # Prefix caching hits whole blocks only: below one block nothing can hit, so the

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from qwen3090.pins import ROLES
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -20,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     model.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
     model.add_argument(
-        "--role", choices=("target", "draft"), default="target",
+        "--role", choices=ROLES, default="target",
         help="target: the served model (needs a tokenizer); draft: a drafter (default %(default)s)",
     )
     model.set_defaults(func=run_model)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -12,9 +11,8 @@ from pathlib import Path
 from types import FrameType
 
 from qwen3090 import metricnames
+from qwen3090.apikey import API_KEY_ENV, api_key
 from qwen3090.errors import Qwen3090Error
-
-API_KEY_ENV = "VLLM_API_KEY"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,21 +74,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def _api_key(path: Path | None) -> str | None:
-    if path is None:
-        return os.environ.get(API_KEY_ENV) or None
-    try:
-        key = path.read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise Qwen3090Error(
-            f"cannot read the API key file {path}: {err.strerror}",
-            fix=f"point --api-key-file at a readable file holding the key (or set ${API_KEY_ENV})",
-        ) from err
-    if not key:
-        raise Qwen3090Error(f"the API key file {path} is empty", fix="write the key into it")
-    return key
-
-
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import generate_latest, start_http_server
 
@@ -110,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config = ExporterConfig(
         server=args.server.rstrip("/"),
-        api_key=_api_key(args.api_key_file),
+        api_key=api_key(args.api_key_file, "--api-key-file"),
         interval_s=args.interval,
         timeout_s=timeout,
         model=args.model,

@@ -40,7 +40,10 @@ def _revisions(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, rev = pair.partition("=")
         if not sep or not name or not rev:
-            raise Qwen3090Error(f"--revision wants TARGET=REV, not {pair!r}")
+            raise Qwen3090Error(
+                f"--revision wants TARGET=REV, not {pair!r}",
+                fix="e.g. --revision base=<commit sha>; `qwen3090 fetch --list` names the targets",
+            )
         out[name] = rev
     return out
 

@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         plan_device=args.plan_device,
         prefer=args.source,
         on_sample=_Narrator(policy, args.quiet),
+        cli=gate.GATE_CLI,
     )
     for warning in report.warnings:
         print(f"qwen3090: warning: {warning}", file=sys.stderr)

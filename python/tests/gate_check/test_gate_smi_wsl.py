@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from qwen3090.errors import Qwen3090Error
 from qwen3090.gpuprobe import (
     QUERY_APPS_FIELDS,
     QUERY_GPU_FIELDS,
@@ -130,6 +131,33 @@ def test_gate_cli_times_out_naming_the_holder(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stderr
     assert "pid 4242 (python3, 21840 MiB)" in done.stderr
     assert "21900 of 24576 MiB used" in done.stderr
+    assert "raise --timeout / --threshold-mib" in done.stderr
+
+
+def test_under_serve_the_gate_names_serve_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qwen3090 import gate
+    from qwen3090.gpuprobe import NoNvidiaGpu
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(NoNvidiaGpu) as err:
+        gate.run_gate(gate.default_policy(), prefer="nvidia-smi")
+    fix = err.value.fix or ""
+    assert "--device cpu" in fix and "qwen3090 demo-model DIR" in fix
+    assert "--plan-device" not in fix and "--device-index" not in fix
+    bindir, state = _fake_smi(tmp_path)
+    _set_state(state, 21900, f"{UUID0}, 4242, python3, 21840\n")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{path}")
+    policy = gate.GatePolicy(timeout_s=0.3, interval_s=0.1)
+    with pytest.raises(Qwen3090Error) as busy:
+        gate.run_gate(policy, prefer="nvidia-smi")
+    assert busy.value.exit_code == 3
+    assert busy.value.fix is not None and "--no-gate" in busy.value.fix
+    assert "--threshold-mib" not in busy.value.fix
 
 
 def test_gate_cli_passes_once_the_holder_is_gone(tmp_path: Path) -> None:
@@ -165,7 +193,10 @@ def test_no_gpu_is_one_line_unless_the_plan_is_cpu(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "qwen3090", "gate", "--source", "nvidia-smi"]
     done = subprocess.run(base, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode != 0
-    assert done.stderr.strip().count("\n") == 0 and "no NVIDIA GPU" in done.stderr
+    # The message, then one fix line naming this command's own way out.
+    message, fix = done.stderr.strip().split("\n")
+    assert "no NVIDIA GPU" in message
+    assert fix.strip().startswith("fix:") and "--plan-device cpu" in fix
     cpu = subprocess.run(
         [*base, "--plan-device", "cpu"], env=env, capture_output=True, text=True, timeout=60,
         check=False,

@@ -110,6 +110,25 @@ def test_missing_dir(tmp_path: Path) -> None:
     assert "does not exist" in text
 
 
+def test_a_missing_pinned_checkpoint_is_fetched_on_cuda_and_replaced_on_cpu(
+    tmp_path: Path,
+) -> None:
+    from qwen3090.pins import load_targets
+
+    base = load_targets()["base"]
+    missing = tmp_path / "models" / base.dir
+    on_cuda = _only(check_model_dir(missing), missing)
+    assert on_cuda.endswith(f"fix: qwen3090 fetch base --dest {missing.parent}")
+    on_cpu = _only(check_model_dir(missing, device="cpu"), missing)
+    assert "qwen3090 demo-model DIR" in on_cpu and "MODEL=DIR" in on_cpu
+    assert "qwen3090 fetch" not in on_cpu
+    # A dir the user made (not a pinned one) that exists keeps the generic repair on the CPU.
+    own = tmp_path / "mine"
+    own.mkdir()
+    problems = check_model_dir(own, device="cpu")
+    assert problems and all("re-download the checkpoint" in p for p in problems)
+
+
 def test_require_model_dirs_lists_every_problem(tiny_model: Path, tmp_path: Path) -> None:
     (tiny_model / "tokenizer.json").unlink()
     with pytest.raises(Qwen3090Error) as info:
