@@ -22,7 +22,7 @@ from pathlib import Path
 from qwen3090.apikey import API_KEY_ENV, read_api_key
 from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
-from qwen3090.resolver import ServePlan
+from qwen3090.plan import ServePlan
 
 
 def check_models(plan: ServePlan, caps: Capabilities) -> None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from qwen3090.capabilities import Capabilities
-from qwen3090.resolver import PlatformFacts, ServePlan
+from qwen3090.plan import PlatformFacts, ServePlan
 
 PRECEDENCE = (
     "Knob precedence, lowest first: the profile's default < the --config YAML file < the "
@@ -60,7 +60,7 @@ def detect_facts() -> PlatformFacts:
 def plan_from_args(args: argparse.Namespace) -> tuple[ServePlan, Capabilities]:
     """Settings from every source, resolved into the plan (with the command serve would exec)."""
     from qwen3090.knobs import cli_values, load_settings
-    from qwen3090.resolver import resolve
+    from qwen3090.plan import resolve
 
     settings = load_settings(config=args.config, environ=os.environ, cli=cli_values(args))
     caps = capabilities_from(args)
@@ -82,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from qwen3090.resolver import describe
+    from qwen3090.plan import describe
 
     plan, _ = plan_from_args(args)
     print(plan.to_json() if args.json else describe(plan))

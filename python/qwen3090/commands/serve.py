@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from qwen3090.commands.plan import plan_from_args
-    from qwen3090.resolver import describe
+    from qwen3090.plan import describe
     from qwen3090.serve import check_models, exec_plan, with_loader
 
     plan, caps = plan_from_args(args)

@@ -14,10 +14,11 @@ class CapabilityGate:
         self.caps = caps
         self.plan = plan
 
-    def has(self, need_name: str) -> bool:
+    def reads(self, need_name: str) -> bool:
+        """The build reads ``need_name`` (its patch is applied)."""
         return self.caps.has(NEEDS[need_name])
 
-    def allow(
+    def admit(
         self, need_name: str, value: str, *, knob: str | None, explicit: bool,
         setting: str | None = None,
     ) -> bool:
@@ -34,17 +35,17 @@ class CapabilityGate:
         self.plan.dropped.setdefault(need.feature, []).append(f"{need.name}={value}")
         return False
 
-    def env(
+    def admit_env(
         self, name: str, value: str, *, knob: str | None, explicit: bool,
         setting: str | None = None,
     ) -> bool:
         """Set ``name=value`` in the plan's environment when allowed; True when set."""
-        if self.allow(name, value, knob=knob, explicit=explicit, setting=setting):
+        if self.admit(name, value, knob=knob, explicit=explicit, setting=setting):
             self.plan.env[name] = value
             return True
         return False
 
     def restate_stock(self, name: str, value: str) -> None:
         """A patch variable set to its stock-equivalent value: emit only if readable."""
-        if self.has(name):
+        if self.reads(name):
             self.plan.env[name] = value

@@ -76,8 +76,8 @@ def vision(settings: Settings, b: PlanBuilder, gate: CapabilityGate) -> None:
         return
     offload = True if s.vision_offload is None else s.vision_offload
     if offload:
-        offload = gate.env("VLLM_VISION_TOWER_CPU_OFFLOAD", "1", knob="VISION_OFFLOAD",
-                           explicit=s.given("VISION_OFFLOAD"))
+        offload = gate.admit_env("VLLM_VISION_TOWER_CPU_OFFLOAD", "1", knob="VISION_OFFLOAD",
+                                 explicit=s.given("VISION_OFFLOAD"))
     if not offload and b.speculative is not None and b.speculative.get("method") == "dflash":
         b.warnings.append(
             "VISION=1 with the vision tower resident under SPEC=dflash2: the 0.86 GiB tower "
@@ -102,7 +102,7 @@ def int8(settings: Settings, b: PlanBuilder, gate: CapabilityGate, *, default_on
         # Stock vLLM applies VLLM_MARLIN_INPUT_DTYPE to EVERY layer; without the selection
         # patch a default "mlp" would silently become ".", which gotcha 16 says OOMs at 0.972.
         knob, setting = ("INT8_LAYERS", layers) if s.given("INT8_LAYERS") else ("INT8_ACT", act)
-        if not gate.allow("VLLM_MARLIN_INT8_INCLUDE_RE", layers, knob=knob, explicit=explicit,
+        if not gate.admit("VLLM_MARLIN_INT8_INCLUDE_RE", layers, knob=knob, explicit=explicit,
                           setting=setting):
             b.warnings.append(
                 f"int8 activations are OFF: INT8_LAYERS={layers} needs the layer-selection "
@@ -110,7 +110,7 @@ def int8(settings: Settings, b: PlanBuilder, gate: CapabilityGate, *, default_on
             )
             return
         b.env["VLLM_MARLIN_INT8_INCLUDE_RE"] = layers
-    elif gate.has("VLLM_MARLIN_INT8_INCLUDE_RE"):
+    elif gate.reads("VLLM_MARLIN_INT8_INCLUDE_RE"):
         b.env["VLLM_MARLIN_INT8_INCLUDE_RE"] = layers
     b.env["VLLM_MARLIN_INPUT_DTYPE"] = act
     if layers == "." and b.gpu_util > P.INT8_ALL_LAYERS_GPU_UTIL:
@@ -153,7 +153,7 @@ def cache_row(row: P.CacheRow, b: PlanBuilder, gate: CapabilityGate, *, knob: st
     b.block_size = row.block_size
     flag_value = f"--kv-cache-dtype={row.kv_cache_dtype}"
     if flag_value in NEEDS:
-        gate.allow(flag_value, row.kv_cache_dtype, knob=knob, explicit=explicit, setting=setting)
+        gate.admit(flag_value, row.kv_cache_dtype, knob=knob, explicit=explicit, setting=setting)
     if row.kvarn_pool_mem_frac is not None:
-        gate.env("KVARN_POOL_MEM_FRAC", row.kvarn_pool_mem_frac, knob=knob, explicit=explicit,
-                 setting=setting)
+        gate.admit_env("KVARN_POOL_MEM_FRAC", row.kvarn_pool_mem_frac, knob=knob, explicit=explicit,
+                       setting=setting)

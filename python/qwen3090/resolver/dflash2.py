@@ -19,13 +19,13 @@ def dflash2(
     b.num_spec_tokens = k
     b.speculative = {"method": "dflash", "model": b.drafter, "num_speculative_tokens": k}
     # gotcha 17: the verify scratch is sized once, at startup, for k+1 query rows.
-    gate.env("VLLM_SPEC_DECODE_ATTN_QMAX", str(k + 1), knob=None, explicit=False)
+    gate.admit_env("VLLM_SPEC_DECODE_ATTN_QMAX", str(k + 1), knob=None, explicit=False)
     _lookup(s, b, gate, k, ctx)
     b.max_seqs = s.max_seqs or row.max_seqs
     b.max_len = s.dflash_max_len or s.max_len or row.max_len
     b.kv_mem = row.kv_mem if s.kv_mem is None else (s.kv_mem or None)
-    gate.env("VLLM_V2_CUDAGRAPH_MEM_MIB", str(row.v2_cudagraph_mem_mib), knob=None,
-             explicit=False)
+    gate.admit_env("VLLM_V2_CUDAGRAPH_MEM_MIB", str(row.v2_cudagraph_mem_mib), knob=None,
+                   explicit=False)
     if s.cg is not None:
         b.cg = s.cg
         if s.cg > P.DFLASH_CG_CAP:
@@ -46,7 +46,8 @@ def _lookup(s: Settings, b: PlanBuilder, gate: CapabilityGate, k: int, ctx: Ctx)
     """Lookup drafting, its adaptive verify length, and async scheduling (gotchas 18, 19)."""
     lookup = False
     if True if s.lookup is None else s.lookup:
-        lookup = gate.env("VLLM_DFLASH2_LOOKUP", "1", knob="LOOKUP", explicit=s.given("LOOKUP"))
+        lookup = gate.admit_env("VLLM_DFLASH2_LOOKUP", "1", knob="LOOKUP",
+                                explicit=s.given("LOOKUP"))
     else:
         gate.restate_stock("VLLM_DFLASH2_LOOKUP", "0")
     # Async scheduling pins the verify length the adaptive lookup varies.
@@ -63,14 +64,15 @@ def _lookup(s: Settings, b: PlanBuilder, gate: CapabilityGate, k: int, ctx: Ctx)
         b.async_scheduling = not adaptive_block
     if s.lookup_adaptive is not None:
         if s.lookup_adaptive:
-            gate.env("VLLM_DFLASH2_LOOKUP_ADAPTIVE", "1", knob="LOOKUP_ADAPTIVE", explicit=True)
+            gate.admit_env("VLLM_DFLASH2_LOOKUP_ADAPTIVE", "1", knob="LOOKUP_ADAPTIVE",
+                           explicit=True)
         else:
             gate.restate_stock("VLLM_DFLASH2_LOOKUP_ADAPTIVE", "0")
         if not lookup:
             b.warnings += no_effect(s, ("LOOKUP_ADAPTIVE",), "lookup drafting is off")
     elif (
         adaptive_block and ctx == "huge" and b.prefix_cache and not s.given("LOOKUP")
-    ) and gate.env("VLLM_DFLASH2_LOOKUP_ADAPTIVE", "0", knob=None, explicit=False):
+    ) and gate.admit_env("VLLM_DFLASH2_LOOKUP_ADAPTIVE", "0", knob=None, explicit=False):
         b.warnings.append(
             "VLLM_DFLASH2_LOOKUP_ADAPTIVE=0: at CTX=huge with PREFIX_CACHE=1 and "
             f"DFLASH_TOKENS={k} > 7 the adaptive verify length corrupts turn 2 on a "

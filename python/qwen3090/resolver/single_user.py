@@ -75,8 +75,8 @@ def _spec_attn(
     """VLLM_SPEC_DECODE_ATTN=${SPEC_ATTN:-1} where the row uses it (gotcha 12)."""
     if cache.spec_attn == "knob":
         if True if s.spec_attn is None else s.spec_attn:
-            gate.env("VLLM_SPEC_DECODE_ATTN", "1", knob="SPEC_ATTN",
-                     explicit=s.given("SPEC_ATTN"))
+            gate.admit_env("VLLM_SPEC_DECODE_ATTN", "1", knob="SPEC_ATTN",
+                           explicit=s.given("SPEC_ATTN"))
         else:
             gate.restate_stock("VLLM_SPEC_DECODE_ATTN", "0")
     elif cache.spec_attn == "unused":

@@ -10,7 +10,7 @@ from typing import Any
 
 from qwen3090.capabilities import NEEDS, STOCK, Capabilities
 from qwen3090.knobs import load_settings
-from qwen3090.resolver import PlatformFacts, ServePlan, resolve
+from qwen3090.plan import PlatformFacts, ServePlan, resolve
 
 # A build whose manifest provides every capability the resolver can ask for.
 FULL = Capabilities(

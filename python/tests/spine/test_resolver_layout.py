@@ -1,5 +1,5 @@
-"""The resolver's shape: no import circle anywhere in the package, short functions, and a
-resolver that does not reach up into ``serve``."""
+"""The resolver's shape: short functions, and a planner that does not reach up into ``serve``
+or the commands (tests/rules holds the package against import circles)."""
 
 from __future__ import annotations
 
@@ -49,50 +49,10 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every strongly connected component of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component: list[str] = []
-            while True:
-                w = stack.pop()
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def test_the_cycle_finder_finds_a_cycle() -> None:
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-def test_no_import_circle_in_the_package() -> None:
-    assert cycles(import_graph()) == []
-
-
-def test_the_resolver_does_not_import_serve_or_commands() -> None:
+def test_the_planner_does_not_import_serve_or_commands() -> None:
     graph = import_graph()
     for name, deps in graph.items():
-        if name.startswith("qwen3090.resolver"):
+        if name.startswith("qwen3090.resolver") or name == "qwen3090.plan":
             assert not {d for d in deps if d.startswith(("qwen3090.serve", "qwen3090.commands"))}
 
 

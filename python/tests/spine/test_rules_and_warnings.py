@@ -8,7 +8,7 @@ import pytest
 from spine_planning import FULL, STOCK, arg_map, json_flag, plan_for
 
 from qwen3090.errors import Qwen3090Error
-from qwen3090.resolver import PlatformFacts
+from qwen3090.plan import PlatformFacts
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ import pytest
 from qwen3090 import caches
 from qwen3090.capabilities import STOCK
 from qwen3090.manifest import find_installed_manifest
-from qwen3090.resolver import ServePlan
+from qwen3090.plan import ServePlan
 from qwen3090.serve import child_env, with_loader
 
 pytestmark = pytest.mark.unit
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 
 def cpu_plan(model: Path, extra: str = "") -> ServePlan:
     from qwen3090.knobs import load_settings
-    from qwen3090.resolver import resolve
+    from qwen3090.plan import resolve
 
     env = {"MODEL": str(model), "EXTRA_ARGS": extra} if extra else {"MODEL": str(model)}
     settings = load_settings(config=None, environ=env, cli={"DEVICE": "cpu"})

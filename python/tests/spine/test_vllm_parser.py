@@ -28,7 +28,7 @@ from qwen3090.capabilities import (
 )
 from qwen3090.errors import Qwen3090Error
 from qwen3090.knobs import load_settings
-from qwen3090.resolver import PlatformFacts, ServePlan, resolve
+from qwen3090.plan import PlatformFacts, ServePlan, resolve
 
 pytestmark = pytest.mark.e2e_cpu
 
