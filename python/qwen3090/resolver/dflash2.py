@@ -45,7 +45,7 @@ def dflash2(
 def _lookup(s: Settings, b: PlanBuilder, gate: CapabilityGate, k: int, ctx: Ctx) -> None:
     """Lookup drafting, its adaptive verify length, and async scheduling (gotchas 18, 19)."""
     lookup = False
-    if True if s.lookup is None else s.lookup:
+    if s.lookup is not False:  # default on
         lookup = gate.admit_env("VLLM_DFLASH2_LOOKUP", "1", knob="LOOKUP",
                                 explicit=s.given("LOOKUP"))
     else:

@@ -23,7 +23,7 @@ def single_user(
     cache_row(cache, b, gate, knob="CTX", explicit=s.given("CTX"), setting=ctx)
     b.warnings += no_effect(s, ("KV",), "KV chooses the batch profile's cache; single-user "
                             "takes it from CTX")
-    if cache.spec_attn == "off":
+    if cache.spec_attn == "off":  # before the speculator: its warning comes first
         gate.restate_stock("VLLM_SPEC_DECODE_ATTN", "0")
         b.warnings += no_effect(s, ("SPEC_ATTN",), f"CTX={ctx} under {spec} sets "
                                 "VLLM_SPEC_DECODE_ATTN=0")
@@ -74,7 +74,7 @@ def _spec_attn(
 ) -> None:
     """VLLM_SPEC_DECODE_ATTN=${SPEC_ATTN:-1} where the row uses it (gotcha 12)."""
     if cache.spec_attn == "knob":
-        if True if s.spec_attn is None else s.spec_attn:
+        if s.spec_attn is not False:  # default on
             gate.admit_env("VLLM_SPEC_DECODE_ATTN", "1", knob="SPEC_ATTN",
                            explicit=s.given("SPEC_ATTN"))
         else:
