@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen3090.errors import Qwen3090Error
+from qwen3090.profiles import KNOB_DEFAULTS
 from qwen3090.settings import KNOB_BY_NAME, KNOBS, NAMES, Knob, Settings, Value
 
 __all__ = ["KNOBS", "KNOB_BY_NAME", "NAMES", "Knob", "Value", "collect", "load_settings"]
@@ -189,7 +190,7 @@ def load_settings(
 
 def export() -> list[dict[str, Any]]:
     """Every knob as data: what ``qwen3090 knobs --json`` prints and the NixOS module's option
-    types are held against."""
+    types are held against. ``default`` is None where the profile tables decide it."""
     out: list[dict[str, Any]] = []
     for k in KNOBS:
         r = k.rule
@@ -203,6 +204,7 @@ def export() -> list[dict[str, Any]]:
             "minimum": r.minimum,
             "maximum": r.maximum,
             "empty_is_value": r.empty_is_value,
+            "default": KNOB_DEFAULTS.get(k.name),
             "help": k.help,
         })
     return out

@@ -16,6 +16,7 @@ from qwen3090.settings import Ctx, Device, Int8Act, Kv, Profile, Spec
 SERVED_MODEL_NAME = "qwen3.8-27b"
 DEFAULT_PORT = 18020
 DEFAULT_HOST = "127.0.0.1"
+DEFAULT_API_SERVERS = 1
 MAX_NUM_BATCHED_TOKENS = 2048  # gotchas 7, 43: more costs pool; 8192 does not boot
 MAMBA_SSM_CACHE_DTYPE = "float16"  # gotcha 10: the state dtype is the decode lever
 REASONING_PARSER = "qwen3"
@@ -174,3 +175,25 @@ CPU_POOL_BYTES = 1 << 30  # the pool is RAM: pinned in bytes, never a fraction o
 # the demo model's dtype, i.e. what auto means there).
 CPU_KV_DTYPES = frozenset({"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"})
 CPU_SSM_DTYPE = "float32"  # a 16-bit recurrent state fails at the first request
+
+# Knobs whose default is one value whatever the profile, CTX or SPEC (``qwen3090 knobs --json``
+# exports these; the others' defaults come from the tables above).
+KNOB_DEFAULTS: dict[str, str | int | bool] = {
+    "PROFILE": DEFAULT_PROFILE,
+    "DEVICE": DEFAULT_DEVICE,
+    "SPEC": DEFAULT_SPEC["cuda"],
+    "CTX": DEFAULT_CTX,
+    "KV": DEFAULT_KV,
+    "DFLASH_TOKENS": DFLASH_DEFAULT_TOKENS,
+    "PREFIX_CACHE": False,
+    "LOOKUP": True,
+    "SPEC_ATTN": True,
+    "TOOLS": True,
+    "TOOL_PARSER": DEFAULT_TOOL_PARSER,
+    "DRAFT_SAMPLE": DEFAULT_DRAFT_SAMPLE,
+    "VISION": False,
+    "VISION_OFFLOAD": True,
+    "PORT": DEFAULT_PORT,
+    "HOST": DEFAULT_HOST,
+    "API_SERVERS": DEFAULT_API_SERVERS,
+}

@@ -51,7 +51,7 @@ def common(
     b = PlanBuilder(profile=profile, device=device, model=model)
     b.host = s.host or P.DEFAULT_HOST
     b.port = s.port or P.DEFAULT_PORT
-    b.api_servers = s.api_servers or 1
+    b.api_servers = s.api_servers or P.DEFAULT_API_SERVERS
     b.language_model_only = not bool(s.vision)
     b.prefix_cache = bool(s.prefix_cache)
     tools = True if s.tools is None else s.tools

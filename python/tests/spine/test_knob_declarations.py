@@ -116,3 +116,26 @@ def test_default_model_dirs_follow_qwen3090_models_dir(tmp_path: Path) -> None:
     plan = json.loads(out.stdout)
     assert plan["model"] == str(models / P.MODEL_NAMES[-1])
     assert plan["draft"] == str(drafter)
+
+
+def _shown(value: str | int | bool) -> str:
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
+
+
+def test_exported_defaults_are_the_ones_the_help_states_and_the_plan_uses(
+    tmp_path: Path,
+) -> None:
+    from qwen3090.plan import resolve
+
+    exported = {k["name"]: k for k in export()}
+    for name, value in P.KNOB_DEFAULTS.items():
+        knob = exported[name]
+        assert knob["default"] == value
+        shown = _shown(value)
+        assert f"{shown} (default" in knob["help"] or f"default {shown}" in knob["help"], name
+    plan = resolve(load_settings(environ={}, cli={"PROFILE": None, "DEVICE": None}))
+    assert (plan.profile, plan.device, plan.port, plan.host) == (
+        P.KNOB_DEFAULTS["PROFILE"], P.KNOB_DEFAULTS["DEVICE"], P.KNOB_DEFAULTS["PORT"],
+        P.KNOB_DEFAULTS["HOST"])
+    assert plan.flag("--tool-call-parser") == P.KNOB_DEFAULTS["TOOL_PARSER"]
+    assert plan.flag("--api-server-count") == _shown(P.KNOB_DEFAULTS["API_SERVERS"])
