@@ -1,11 +1,15 @@
 {
   description = "Qwen3.8-27B on one RTX 3090 with vLLM 0.28.0 and a verified patch series";
 
-  # One input. flake.lock pins nixos-unstable at 29916453413845e54a65b8a1cf996842300cd299
-  # (2026-05-23) with the narHash that nix-community/home-manager's flake.lock records for it
-  # at home-manager commit f98332929bef04961f4ef3b2804d712d32d85d03: nixpkgs could not be
-  # fetched where this flake was written, so both were copied from that public lock, not
-  # computed. `nix flake update` replaces them.
+  # One input. flake.lock pins nixos-unstable at d407951447dcd00442e97087bf374aad70c04cea
+  # (2026-07-05) with narHash sha256-8i/87eeoqiGE4yOTjwSA3Eh/ziJRQEmd/unYU+K27sk=. Nix could not
+  # fetch nixpkgs where this was written, so the pair is not computed here; it was chosen because
+  # three independent public locks of nixos-unstable record exactly this rev and narHash:
+  # hyprwm/Hyprland at c44cf81f027f7cbdd60ac098c3caa76cf8915fac, nix-community/lanzaboote at
+  # 5fb6093d385da954beee1708c4c4f9d76bb45c38 and nix-community/stylix at
+  # 66714e5ce44269ecc58c20d9196da8dbe1b27a31 (each a flake.lock written by its own
+  # `nix flake update`). python/tests/nix/test_flake_lock.py holds the lock to this comment.
+  # `nix flake update` replaces both.
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
 
   outputs =

@@ -17,12 +17,18 @@ let
   # Store-path look-alikes; nothing is built or written.
   fakeStorePath =
     name: seed: "/nix/store/${builtins.substring 0 32 (builtins.hashString "sha256" seed)}-${name}";
-  fakePackage = pname: {
-    type = "derivation";
-    name = pname;
-    outPath = fakeStorePath pname pname;
-    meta.mainProgram = pname;
-  };
+  # A real (never built) derivation, so strings naming the package carry its string context
+  # as they do in NixOS: what checks/module-eval.nix must discard is there to be discarded.
+  fakePackage =
+    pname:
+    derivation {
+      name = pname;
+      system = "x86_64-linux";
+      builder = "/bin/sh";
+    }
+    // {
+      meta.mainProgram = pname;
+    };
 
   pkgs = {
     qwen3090 = fakePackage "qwen3090";
@@ -79,6 +85,7 @@ let
         default = [ ];
       };
       systemd.services = loose;
+      systemd.units = loose;
       users.users = loose;
       users.groups = loose;
       networking.firewall.allowedTCPPorts = mkOption {
@@ -91,24 +98,64 @@ let
       };
       services.prometheus.scrapeConfigs = looseList;
       services.prometheus.ruleFiles = looseList;
+      # Set by the README's NixOS example and the module-eval check around the module, not
+      # by the module: accepted, never read.
+      hardware = loose;
+      services.xserver = loose;
+      boot = loose;
+      system = loose;
     };
   };
 
-  evaluated = lib.evalModules {
-    modules = [
-      foreignOptions
-      ../modules/qwen3090
-      {
-        _module.args = { inherit pkgs utils; };
-      }
-      configuration
-    ];
-  };
+  # systemd.units.<name>.text of each service, as NixOS writes a unit file: one `Key=value`
+  # line per value, a list repeated key by key. Only [Service] is rendered; it is what the
+  # checks read.
+  unitValue = v: if builtins.isBool v then lib.boolToString v else toString v;
+  unitLines =
+    attrs:
+    lib.concatStrings (
+      lib.mapAttrsToList (
+        key: value: lib.concatMapStrings (v: "${key}=${unitValue v}\n") (lib.toList value)
+      ) attrs
+    );
+  unitFiles =
+    { config, ... }:
+    {
+      systemd.units = lib.mapAttrs' (
+        name: unit:
+        lib.nameValuePair "${name}.service" { text = "[Service]\n" + unitLines unit.serviceConfig; }
+      ) config.systemd.services;
+    };
+
+  evalWith =
+    modules:
+    lib.evalModules {
+      modules = [
+        foreignOptions
+        unitFiles
+        {
+          _module.args = { inherit pkgs utils; };
+        }
+      ]
+      ++ modules;
+    };
+  evaluated = evalWith [
+    ../modules/qwen3090
+    configuration
+  ];
   inherit (evaluated) config;
   units = config.systemd.services;
 in
 {
   inherit evaluated config;
+
+  # nixpkgs' lib.nixosSystem as far as checks/module-eval.nix uses it, for testing that check
+  # without nixpkgs.
+  nixosSystem =
+    { modules, ... }:
+    {
+      inherit (evalWith modules) config;
+    };
 
   # Everything the tests assert on, as plain JSON.
   summary = {

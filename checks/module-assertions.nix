@@ -19,15 +19,17 @@ let
   subcommand = line: builtins.elemAt (words line) 1;
   check = ok: message: if ok then [ ] else [ message ];
 in
-check (builtins.length pre == 2) "ExecStartPre should hold the gate and the model check"
-++ check (
-  builtins.length pre == 2 && subcommand (builtins.elemAt pre 0) == ''"gate"''
-) "the GPU gate must run first (before vLLM profiles memory; gotcha 2)"
-++ check (
-  builtins.length pre == 2 && subcommand (builtins.elemAt pre 1) == ''"check"''
-) "the model/tokenizer check must follow the gate"
+check (
+  builtins.length pre == 1 && subcommand (builtins.head pre) == ''"check"''
+) "ExecStartPre should hold the model/tokenizer check alone: serve owns the GPU gate"
 ++ check (lib.hasInfix ''"serve" "--config"'' sc.ExecStart) "ExecStart must be `qwen3090 serve --config FILE`"
+++ check (
+  lib.hasInfix ''"--gate-timeout"'' sc.ExecStart
+) "serve must gate the GPU (before vLLM profiles memory; gotcha 2) with the module's gpuGate.timeout"
 ++ check (sc.KillSignal == "SIGINT") "vLLM drains on SIGINT; KillSignal must be SIGINT"
+++ check (
+  (sc.KillMode or null) == "mixed"
+) "KillMode must be mixed: the SIGINT goes to vLLM's main process alone, which stops its children"
 ++ check (sc.DynamicUser) "the server runs as a DynamicUser"
 ++ check (!sc.PrivateDevices) "PrivateDevices would hide the GPU"
 ++ check (sc.DevicePolicy == "closed") "DevicePolicy must stay closed"

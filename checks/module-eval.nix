@@ -1,8 +1,14 @@
-# The module evaluated inside a real NixOS system of the pinned nixpkgs (no build): the unit
-# it renders must pass checks/module-assertions.nix. Evaluation failures fail `nix flake check`.
+# The module evaluated inside a real NixOS system of the pinned nixpkgs: the unit it renders
+# must pass checks/module-assertions.nix, and the rendered unit file must carry the lines whose
+# systemd syntax matters. Evaluation failures fail `nix flake check`.
+#
+# Evaluation only: the unit text names the package's store paths, so it carries their string
+# context, and any derivation built from it (the old `grep` over the unit file) depends on the
+# whole closure. The text is checked here, in Nix, and written out with its context discarded,
+# so the check's one output is a text file built from nothing but stdenv's writeText.
 {
   lib,
-  runCommand,
+  writeText,
   nixosSystem,
   nixosModule,
   system,
@@ -28,6 +34,9 @@ let
     ];
   };
   inherit (machine) config;
+  unitText = builtins.unsafeDiscardStringContext config.systemd.units."qwen3090.service".text;
+  unitLines = lib.splitString "\n" unitText;
+  hasLine = line: builtins.elem line unitLines;
   failedAssertions = map (a: a.message) (builtins.filter (a: !a.assertion) config.assertions);
   failures =
     failedAssertions
@@ -35,15 +44,16 @@ let
       inherit lib apiKeyFile;
       units = config.systemd.services;
       inherit (config.networking) firewall;
-    };
-  unitFile = config.systemd.units."qwen3090.service".unit;
+    }
+    ++ map (line: "qwen3090.service lacks the line ${line}") (
+      builtins.filter (line: !hasLine line) [
+        "KillSignal=SIGINT"
+        "KillMode=mixed"
+        "LoadCredential=api-key:${apiKeyFile}"
+      ]
+    );
 in
 if failures != [ ] then
   throw "services.qwen3090 evaluation failed:\n- ${lib.concatStringsSep "\n- " failures}"
 else
-  # The unit file itself is built, so systemd's own syntax is what gets stored.
-  runCommand "qwen3090-module-eval" { } ''
-    grep -q '^KillSignal=SIGINT$' ${unitFile}/qwen3090.service
-    grep -q '^LoadCredential=api-key:${apiKeyFile}$' ${unitFile}/qwen3090.service
-    cp ${unitFile}/qwen3090.service $out
-  ''
+  writeText "qwen3090-module-eval.service" unitText

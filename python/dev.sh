@@ -3,6 +3,7 @@
 #   python/dev.sh serve [qwen3090 serve args...]   sets up, then serves (the demo model on the
 #                                                  CPU build of vLLM when there is no NVIDIA GPU)
 #   python/dev.sh test  [pytest args...]           sets up, then runs every test tier it can
+#   python/dev.sh test --fast [pytest args...]     ruff, then the unit tier only, in parallel
 # Everything it needs it installs itself into a virtual environment (default: .venv at the
 # repository root; QWEN3090_VENV overrides), so a fresh machine and CI behave the same.
 set -euo pipefail
@@ -31,11 +32,23 @@ except importlib.metadata.PackageNotFoundError:
 PY
 }
 
+# What the environment was last set up from: the flavour, this script and the package's
+# dependency list. The package is installed editable, so a change of its code needs no reinstall.
+setup_stamp() {
+  cat "$here/dev.sh" "$here/pyproject.toml" | sha256sum | cut -d' ' -f1 | sed "s/^/$1-/"
+}
+
 ensure_venv() {
   local flavour=$1   # cpu | cuda
+  local stamp_file=$venv/.qwen3090-setup
   if [ ! -x "$py" ]; then
     log "creating the virtual environment $venv"
     python3 -m venv "$venv"
+  fi
+  if [ "$(cat "$stamp_file" 2>/dev/null)" = "$(setup_stamp "$flavour")" ]; then
+    log "$venv is set up for this dependency list (delete $stamp_file to reinstall)"
+    patch_venv
+    return 0
   fi
   if [ "$(dist_version torch)" = "" ] || [ "$(dist_version torch | cut -d+ -f1)" != "2.13.0" ]; then
     log "installing torch 2.13.0 (the release vLLM 0.28.0 is built against)"
@@ -62,6 +75,7 @@ ensure_venv() {
     fi
   done
   patch_venv
+  setup_stamp "$flavour" > "$stamp_file"
 }
 
 # Apply patches/series to the venv's vLLM with the same stdlib tool the Nix build runs, so the
@@ -116,22 +130,42 @@ case "$cmd" in
     ;;
   test)
     ensure_venv cpu
-    # The module-evaluation tests need nixpkgs' lib, which cannot be fetched at test time:
-    # use a checkout left in the cache dir when there is one (the tests say when they skip).
-    lib_cache=${XDG_CACHE_HOME:-$HOME/.cache}/qwen3090/nixpkgs-lib
-    if [ -z "${NIXPKGS_LIB:-}" ] && [ -d "$lib_cache/lib" ]; then
-      export NIXPKGS_LIB=$lib_cache
+    # The module-evaluation tests need nixpkgs' lib, which cannot be fetched at test time.
+    # Unless NIXPKGS_LIB names one, use the unmodified copy CI keeps beside the checkout
+    # (../shared/nixpkgs-lib, never copied in), else a checkout left in the cache dir; the
+    # tests say when they skip for want of one.
+    if [ -z "${NIXPKGS_LIB:-}" ]; then
+      for lib_dir in "$root/../shared/nixpkgs-lib" \
+        "${XDG_CACHE_HOME:-$HOME/.cache}/qwen3090/nixpkgs-lib"; do
+        if [ -f "$lib_dir/lib/default.nix" ]; then
+          NIXPKGS_LIB=$(cd "$lib_dir" && pwd)
+          export NIXPKGS_LIB
+          break
+        fi
+      done
     fi
     cd "$here"
-    log "ruff"; "$venv/bin/ruff" check qwen3090 tests benchmarks
-    log "mypy"; "$venv/bin/mypy" qwen3090 tests benchmarks
-    log "pytest"
-    set +e
-    "$venv/bin/python" -m pytest "$@"
-    rc=$?
-    set -e
+    fast=0
+    if [ "${1:-}" = --fast ]; then fast=1; shift; fi
+    # ../patches/overlay: the files the series adds to vLLM, checked like the package.
+    lint_paths=(qwen3090 tests benchmarks ../patches/overlay)
+    log "ruff"; "$venv/bin/ruff" check "${lint_paths[@]}"
+    if [ $fast = 1 ]; then
+      log "pytest: the unit tier, in parallel"
+      exec "$venv/bin/python" -m pytest -m unit -n auto "$@"
+    fi
+    log "mypy"; "$venv/bin/mypy" "${lint_paths[@]}"
     # pytest's 5 means it collected nothing: that is a failure of this command, not a pass.
-    exit $rc
+    if [ $# -gt 0 ]; then
+      log "pytest $*"
+      exec "$venv/bin/python" -m pytest "$@"
+    fi
+    # The unit tier has no servers, ports or shared trees: it runs in parallel. The other
+    # tiers start vLLM servers and Prometheus and run one test at a time.
+    log "pytest: the unit tier, in parallel"
+    "$venv/bin/python" -m pytest -m unit -n auto
+    log "pytest: the other tiers"
+    exec "$venv/bin/python" -m pytest -m "not unit"
     ;;
   *)
     echo "usage: python/dev.sh serve|test [args...]" >&2

@@ -29,17 +29,39 @@ let
     else
       cfg.host;
 
-  # The keys the module owns; the rest of the YAML is `settings`, the knobs of PROFILES.md.
+  # The keys the module owns; the rest of the YAML is `settings`, the knobs of python/docs/PROFILES.md.
   ownedKeys = [
     "profile"
     "host"
     "port"
     "model"
   ];
-  renderedSettings = lib.filterAttrs (_: v: v != null) cfg.settings // {
-    inherit (cfg) profile host port;
-    model = cfg.modelDir;
-  };
+  renderedSettings =
+    lib.filterAttrs (_: v: v != null) cfg.settings
+    // {
+      inherit (cfg) profile host port;
+      model = cfg.modelDir;
+    }
+    # The drafter where the fetch unit puts it: serve's own default is relative to the
+    # working directory, which is not modelsDir once that is moved.
+    // lib.optionalAttrs needsDrafter {
+      DRAFT = "${cfg.modelsDir}/${pins.models.${builtins.head draftTargets}.dir}";
+    };
+
+  # The checkpoints `qwen3090 fetch` knows: the pins file of this checkout, which the package
+  # built from it carries too. Only names, roles, directories and revisions are read here.
+  pins = lib.importJSON ../../python/qwen3090/pins.json;
+  namesWhere = pred: builtins.attrNames (lib.filterAttrs (_: pred) pins.models);
+  defaultTargets = namesWhere (m: m.default or false);
+  draftTargets = namesWhere (m: (m.role or "target") == "draft");
+  # DFlash2 needs its drafter; a DRAFT the user set points elsewhere, so nothing is added.
+  needsDrafter = cfg.settings.SPEC == "dflash2" && !(cfg.settings ? DRAFT) && draftTargets != [ ];
+  # `qwen3090 fetch` exits with this status when a target has no revision (python/qwen3090/
+  # fetch.py): no retry can fix that, so the unit stops at once instead of backing off forever.
+  unpinnedExit = 4;
+  unpinnedTargets = builtins.filter (
+    t: (pins.models.${t}.revision or null) == null && !(cfg.fetchModel.revisions ? ${t})
+  ) cfg.fetchModel.targets;
 
   checkModelArgv = [
     qwen3090
@@ -47,21 +69,29 @@ let
     "model"
     cfg.modelDir
   ];
-  gateArgv = [
-    qwen3090
-    "gate"
-    "--threshold-mib"
-    cfg.gpuGate.thresholdMiB
-    "--timeout"
-    cfg.gpuGate.timeout
-  ];
+  # `qwen3090 serve` is the one owner of the GPU gate (gotcha 2): it waits for a free card
+  # right before it execs vLLM, so the unit passes the gpuGate options to it instead of
+  # running a gate of its own in ExecStartPre (two gates with two policies disagreed).
+  gateFlags =
+    if cfg.gpuGate.enable then
+      lib.optionals (cfg.gpuGate.thresholdMiB != null) [
+        "--gate-threshold-mib"
+        cfg.gpuGate.thresholdMiB
+      ]
+      ++ [
+        "--gate-timeout"
+        cfg.gpuGate.timeout
+      ]
+    else
+      [ "--no-gate" ];
   serveArgv = [
     qwen3090
     "serve"
     "--config"
     # A string: older nixpkgs' escapeSystemdExecArg takes no derivations.
     "${cfg.configFile}"
-  ];
+  ]
+  ++ gateFlags;
 
   # Hardening shared by every unit here. Each relaxation from the strictest setting says why.
   hardening = {
@@ -262,8 +292,9 @@ in
       defaultText = literalExpression ''"/var/lib/qwen3090/models"'';
       description = ''
         Directory holding the checkpoint directories (`QWEN3090_MODELS_DIR`): where
-        {option}`services.qwen3090.fetchModel` downloads to, and where relative model paths
-        of the settings (a DFlash2 `DRAFT`) resolve.
+        {option}`services.qwen3090.fetchModel` downloads to, and where the DFlash2 drafter
+        is looked for (`settings.SPEC = "dflash2"` without a `DRAFT` renders `DRAFT` as the
+        pins file's drafter directory here).
       '';
     };
 
@@ -346,19 +377,28 @@ in
         type = types.bool;
         default = true;
         description = ''
-          Wait until the GPU is free and stable before vLLM profiles its memory (gotcha 2):
-          `qwen3090 gate` runs as the first `ExecStartPre=`.
+          Wait until the GPU is free and stable before vLLM profiles its memory (gotcha 2).
+          `qwen3090 serve` runs this gate right before it starts vLLM, with the two options
+          below as its `--gate-threshold-mib` and `--gate-timeout`; `false` passes
+          `--no-gate`.
         '';
       };
       thresholdMiB = mkOption {
-        type = types.ints.unsigned;
-        default = 1024;
-        description = "Used GPU memory below this many MiB counts as free.";
+        type = types.nullOr types.ints.unsigned;
+        default = null;
+        example = 4096;
+        description = ''
+          Used GPU memory below this many MiB counts as free. `null` keeps the default of
+          `qwen3090 serve --gate-threshold-mib` (2048 MiB: room for a desktop on the card).
+        '';
       };
       timeout = mkOption {
         type = types.ints.positive;
         default = 600;
-        description = "Seconds the gate waits for a free GPU before the start fails, naming who holds it.";
+        description = ''
+          Seconds the gate waits for a free GPU before the start fails, naming who holds it
+          (`qwen3090 serve --gate-timeout`).
+        '';
       };
     };
 
@@ -375,18 +415,23 @@ in
       enable = lib.mkEnableOption ''
         a oneshot unit (`qwen3090-fetch-model.service`) that downloads the pinned checkpoints
         into {option}`services.qwen3090.modelsDir` with huggingface_hub before the server
-        starts, retrying with a bounded exponential back-off
+        starts, retrying network failures with a bounded exponential back-off; a target
+        without a revision fails it once, with the reason
       '';
       targets = mkOption {
-        type = types.listOf types.str;
-        default = [ ];
+        type = types.listOf (types.enum (builtins.attrNames pins.models));
+        default = defaultTargets ++ lib.optionals needsDrafter draftTargets;
+        defaultText = lib.literalMD ''
+          the pins file's default targets (`[ "base" "fast" ]`), plus its drafter
+          (`"dflash2"`) when `settings.SPEC = "dflash2"` and `settings.DRAFT` is unset
+        '';
         example = [
-          "target"
-          "dflash2-draft"
+          "base"
+          "dflash2"
         ];
         description = ''
           Names of the checkpoints to fetch, from the `models` section of the pins file
-          (`qwen3090 fetch --list`); empty fetches the default ones. Each lands in its own
+          (`qwen3090 fetch --list`: `base`, `fast`, `dflash2`). Each lands in its own
           directory under {option}`services.qwen3090.modelsDir`.
         '';
       };
@@ -394,11 +439,12 @@ in
         type = types.attrsOf types.str;
         default = { };
         example = {
-          target = "0123456789abcdef0123456789abcdef01234567";
+          base = "0123456789abcdef0123456789abcdef01234567";
         };
         description = ''
           Revision (commit) per target name, for targets the pins file pins none for, or to
-          override it.
+          override it. A target with neither is refused by the fetch unit at once (exit
+          status ${toString unpinnedExit}, no retry) unless its directory is already complete.
         '';
       };
       tokenFile = mkOption {
@@ -456,12 +502,19 @@ in
         message = "services.qwen3090.modelDir contains \"dflash\": vLLM 0.28.0 would run the target as a DFlash drafter (gotcha 14); rename the directory.";
       }
       {
+        assertion = builtins.all (t: pins.models ? ${t}) (builtins.attrNames cfg.fetchModel.revisions);
+        message = "services.qwen3090.fetchModel.revisions names no target of the pins file; the targets are: ${lib.concatStringsSep ", " (builtins.attrNames pins.models)}.";
+      }
+      {
         assertion = cfg.prometheus.scrape.enable -> builtins.pathExists ../prometheus/rules.yml;
         message = "services.qwen3090.prometheus.scrape: the rule file modules/prometheus/rules.yml is missing from this checkout.";
       }
     ];
 
-    warnings = lib.optional (
+    warnings =
+      lib.optional (cfg.fetchModel.enable && unpinnedTargets != [ ])
+        "services.qwen3090.fetchModel: no revision is pinned for ${lib.concatStringsSep ", " unpinnedTargets}; qwen3090-fetch-model.service refuses to download them (exit status ${toString unpinnedExit}, no retry, and qwen3090.service does not start) unless their directories under ${cfg.modelsDir} are already complete. Set ${lib.concatMapStringsSep ", " (t: "services.qwen3090.fetchModel.revisions.${t}") unpinnedTargets} to the commit you checked."
+      ++ lib.optional (
       cfg.apiKeyFile == null
       && !(builtins.elem cfg.host [
         "127.0.0.1"
@@ -520,13 +573,16 @@ in
           StateDirectory = "qwen3090";
           StateDirectoryMode = "0750";
           WorkingDirectory = stateDir;
-          ExecStartPre =
-            lib.optional cfg.gpuGate.enable (utils.escapeSystemdExecArgs gateArgv)
-            ++ [ (utils.escapeSystemdExecArgs checkModelArgv) ];
+          ExecStartPre = [ (utils.escapeSystemdExecArgs checkModelArgv) ];
           ExecStart = utils.escapeSystemdExecArgs serveArgv;
           ExecStartPost = [ "${waitReady}" ];
           # vLLM drains in-flight requests and exits 0 on SIGINT; SIGTERM cuts them off.
           KillSignal = "SIGINT";
+          # The SIGINT goes to the main process (the API server serve exec'd) alone, which
+          # then stops its engine-core and worker processes in order; with the default
+          # control-group mode every process got it at once and the engine died mid-drain.
+          # Whatever is left after TimeoutStopSec still gets SIGKILL, cgroup-wide.
+          KillMode = "mixed";
           TimeoutStopSec = 90;
           TimeoutStartSec = cfg.gpuGate.timeout + cfg.startTimeout;
           Restart = "on-failure";
@@ -593,7 +649,10 @@ in
               "${t}=${cfg.fetchModel.revisions.${t}}"
             ]) (builtins.attrNames cfg.fetchModel.revisions)
           );
-          # Bounded exponential back-off: 10 s doubling up to an hour, never giving up.
+          # Bounded exponential back-off: 10 s doubling up to an hour, for what a retry can
+          # fix (network, the Hub). A target without a revision cannot be fixed by waiting:
+          # fetch refuses it with this status, and the unit fails once, saying so.
+          RestartPreventExitStatus = [ unpinnedExit ];
           Restart = "on-failure";
           RestartSec = "10s";
           RestartSteps = 10;

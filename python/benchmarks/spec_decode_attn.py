@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+# The paged batches and float32 reference (spec_decode_ref.py) live with the kernel tests.
+KERNEL_TESTS = HERE.parent / "tests" / "kernel"
 NUM_KV_HEADS, GROUP, HEAD_SIZE, BLOCK_SIZE = 4, 6, 256, 16
 CONTEXTS = (1536, 16384, 32768, 65536, 131072)
 QUERY_LENS: tuple[int, ...] = (4, 5, 8, 16)
@@ -425,7 +427,7 @@ def main() -> int:
     if args.smoke:
         _smoke_setup()
     sys.path.insert(0, args.tree)
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(KERNEL_TESTS))
     import spec_decode_ref as ref
     import torch
 

@@ -74,6 +74,7 @@ def fetch_target(
             f"{target.name}: no revision of {target.repo} is pinned, and an unpinned download "
             "is not reproducible",
             fix=f"pass --revision {target.name}=<commit sha of {target.repo}>",
+            exit_code=4,  # "not pinned": no retry can fix it (the NixOS fetch unit stops on 4)
         )
     base_dir: Path | None = None
     if target.link_from is not None:

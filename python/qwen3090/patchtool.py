@@ -11,7 +11,8 @@ patch failed, 2 bad input)::
         that CONTAINS vllm/: an sdist root, an unpacked wheel, site-packages). Fails, naming
         the patch, file and hunk, on any rejected hunk, fuzz or offset. Then deletes every
         __pycache__ under vllm/ and byte-compiles it with checked-hash pycs (PEP 552), and
-        writes vllm/_qwen3090/{manifest.json, series, *.patch}. Prints the elapsed time.
+        writes vllm/_qwen3090/{manifest.json, series, *.patch, overlay/}. Prints the elapsed
+        time.
     python3 patchtool.py verify --root DIR [--patches DIR] [--json]
         Per patch: applied / partial / not-applied / not-applicable. --patches defaults to
         the copy the apply step stored in vllm/_qwen3090/. Exit 0 only if all are applied.
@@ -26,13 +27,24 @@ patch is written against; a tree of another version is refused by ``apply`` and 
 "not-applicable" by ``verify``. Every ``*.patch`` in the directory must be listed and every
 listed file must exist.
 
+Overlay (``patches/overlay/``): files the series ADDS to vLLM are kept whole, as ordinary
+source at their vLLM path under ``overlay/`` (``overlay/vllm/x/y.py`` becomes ``vllm/x/y.py``),
+so they are linted, type-checked and tested like any module; the ``*.patch`` files hold only
+edits to vLLM's own files. A patch names each file it adds with an ``# adds: vllm/x/y.py``
+header line (repeatable). ``apply`` copies a patch's added files, byte for byte, just before
+its diff and refuses if one already exists in the tree; ``verify`` compares their bytes.
+Every file under ``overlay/`` must be named by exactly one patch and every named file must
+exist there (``__pycache__`` and ``*.pyc``, which importing an overlay file leaves, are
+skipped). The patch that adds a file may not also edit it; a later one may.
+
 Patch file: a unified diff with paths ``a/vllm/...`` / ``b/vllm/...``, preceded by a header of
 ``# key: value`` lines: ``qwen3090-patch`` (= file stem), ``summary``, ``why`` (required) and
-``provides-env``, ``provides-flag``, ``provides-feature`` (optional, repeatable, comma or space
-separated). An indented ``#   ...`` line continues the previous value.
+``provides-env``, ``provides-flag``, ``provides-feature``, ``adds`` (optional, repeatable, comma
+or space separated). An indented ``#   ...`` line continues the previous value.
 
-Series digest: sha256 of ``"qwen3090-series 1\\nvllm <version>\\n"`` followed by one
-``"<sha256 of the patch file>  <file name>\\n"`` line per patch in series order.
+Series digest: sha256 of ``"qwen3090-series 2\\nvllm <version>\\n"`` followed, per patch in
+series order, by one ``"<sha256 of the patch file>  <file name>\\n"`` line and one
+``"<sha256 of the file>  overlay/<path>\\n"`` line per file it adds, in header order.
 """
 
 from __future__ import annotations
@@ -57,7 +69,8 @@ MANIFEST_SCHEMA = 1
 STORE_DIR = Path("vllm") / "_qwen3090"
 MANIFEST_NAME = "manifest.json"
 SERIES_NAME = "series"
-DIGEST_PREFIX = "qwen3090-series 1\n"
+OVERLAY_NAME = "overlay"
+DIGEST_PREFIX = "qwen3090-series 2\n"
 
 HEADER_KEYS = {
     "qwen3090-patch",
@@ -66,6 +79,7 @@ HEADER_KEYS = {
     "provides-env",
     "provides-flag",
     "provides-feature",
+    "adds",
 }
 REQUIRED_KEYS = ("qwen3090-patch", "summary", "why")
 LIST_KEYS = {"provides-env": "env", "provides-flag": "flags", "provides-feature": "features"}
@@ -135,6 +149,17 @@ class PatchHeader:
     env: tuple[str, ...]
     flags: tuple[str, ...]
     features: tuple[str, ...]
+    adds: tuple[str, ...] = ()
+    """vLLM paths (``vllm/...``) this patch adds, copied from the series' overlay."""
+
+
+@dataclass(frozen=True)
+class AddedFile:
+    """A whole file the patch adds: ``source`` is its copy under ``overlay/``."""
+
+    path: str
+    source: Path
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -144,6 +169,8 @@ class Patch:
     sha256: str
     header: PatchHeader
     sections: tuple[FileDiff, ...]
+    added: tuple[AddedFile, ...] = ()
+    """The header's ``adds``, resolved against the overlay by :func:`load_series`."""
 
     @property
     def name(self) -> str:
@@ -151,11 +178,11 @@ class Patch:
 
     @property
     def files(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(s.path for s in self.sections))
+        return tuple(dict.fromkeys([*self.header.adds, *(s.path for s in self.sections)]))
 
     @property
     def creates(self) -> tuple[str, ...]:
-        return tuple(s.path for s in self.sections if s.creates)
+        return (*self.header.adds, *(s.path for s in self.sections if s.creates))
 
 
 @dataclass(frozen=True)
@@ -171,6 +198,8 @@ class Series:
         h.update(f"vllm {self.vllm_version or 'unspecified'}\n".encode())
         for p in self.patches:
             h.update(f"{p.sha256}  {p.file}\n".encode())
+            for a in p.added:
+                h.update(f"{a.sha256}  {OVERLAY_NAME}/{a.path}\n".encode())
         return "sha256:" + h.hexdigest()
 
 
@@ -196,7 +225,7 @@ def parse_header(text: str, file: str) -> PatchHeader:
         if m and m.group(1) in HEADER_KEYS:
             last = m.group(1)
             values.setdefault(last, []).append(m.group(2).strip())
-        elif m and m.group(1).startswith(("qwen3090", "provides", "summary", "why")):
+        elif m and m.group(1).startswith(("qwen3090", "provides", "summary", "why", "add")):
             raise PatchToolError(f"{file}:{lineno}: unknown header key {m.group(1)!r}")
         elif body.startswith("  ") and last is not None:
             values[last].append(body.strip())
@@ -212,6 +241,12 @@ def parse_header(text: str, file: str) -> PatchHeader:
     for key, attr in LIST_KEYS.items():
         items = [v for chunk in values.get(key, []) for v in _split_values(chunk)]
         lists[attr] = tuple(dict.fromkeys(items))
+    adds: list[str] = []
+    for value in (v for chunk in values.get("adds", []) for v in _split_values(chunk)):
+        path = _vllm_path(value, file, "# adds:")
+        if path in adds:
+            raise PatchToolError(f"{file}: '# adds: {path}' is listed twice")
+        adds.append(path)
     return PatchHeader(
         name=name,
         summary=" ".join(values["summary"]),
@@ -219,6 +254,7 @@ def parse_header(text: str, file: str) -> PatchHeader:
         env=lists["env"],
         flags=lists["flags"],
         features=lists["features"],
+        adds=tuple(adds),
     )
 
 
@@ -229,22 +265,29 @@ def _strip_path(raw: str, file: str, lineno: int) -> str | None:
     parts = path.split("/", 1)
     if len(parts) != 2 or not parts[1]:
         raise PatchToolError(f"{file}:{lineno}: path {path!r} has no a/ or b/ prefix")
-    stripped = parts[1]
-    segments = stripped.split("/")
-    if stripped.startswith("/") or ".." in segments or segments[0] != "vllm":
-        raise PatchToolError(f"{file}:{lineno}: path {path!r} is not under vllm/")
-    if stripped.endswith(JUNK_SUFFIXES) or "__pycache__" in segments:
+    return _vllm_path(parts[1], f"{file}:{lineno}", f"path {path!r}")
+
+
+def _vllm_path(path: str, where: str, what: str) -> str:
+    """``path`` if it is a plain source path under ``vllm/`` a patch may create or edit."""
+    segments = path.split("/")
+    if path.startswith("/") or ".." in segments or "" in segments or segments[0] != "vllm":
+        raise PatchToolError(f"{where}: {what} is not a relative path under vllm/")
+    if path.endswith(JUNK_SUFFIXES) or "__pycache__" in segments:
         raise PatchToolError(
-            f"{file}:{lineno}: patch touches {stripped!r}, a backup or bytecode file that is "
-            "nobody's source (gotcha 54); remove that section from the patch"
+            f"{where}: patch touches {path!r}, a backup or bytecode file that is "
+            "nobody's source (gotcha 54); remove it from the patch"
         )
-    if stripped.startswith(STORE_DIR.as_posix() + "/"):
-        raise PatchToolError(f"{file}:{lineno}: {stripped!r} is the apply tool's own directory")
-    return stripped
+    if path.startswith(STORE_DIR.as_posix() + "/"):
+        raise PatchToolError(f"{where}: {path!r} is the apply tool's own directory")
+    return path
 
 
-def parse_diff(text: str, file: str) -> tuple[FileDiff, ...]:
-    """Split a unified diff into per-file sections, checking every hunk's line counts."""
+def parse_diff(text: str, file: str, allow_empty: bool = False) -> tuple[FileDiff, ...]:
+    """Split a unified diff into per-file sections, checking every hunk's line counts.
+
+    ``allow_empty``: a patch that adds files may have no diff at all.
+    """
     lines = text.splitlines(keepends=True)
     sections: list[FileDiff] = []
     i = 0
@@ -306,7 +349,7 @@ def parse_diff(text: str, file: str) -> tuple[FileDiff, ...]:
         if any(s.path == path for s in sections):
             raise PatchToolError(f"{file}: {path} appears in two sections; merge them")
         sections.append(FileDiff(old, new, tuple(hunks), "".join(lines[start:i])))
-    if not sections:
+    if not sections and not allow_empty:
         raise PatchToolError(f"{file}: no unified diff found")
     return tuple(sections)
 
@@ -319,18 +362,50 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_patch(path: Path) -> Patch:
+def load_patch(path: Path, overlay: Path | None = None) -> Patch:
+    """One patch file; with ``overlay`` (the series' overlay directory) its added files too."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise PatchToolError(f"cannot read patch {path}: {err}") from err
+    header = parse_header(text, path.name)
+    sections = parse_diff(text, path.name, allow_empty=bool(header.adds))
+    for section in sections:
+        if section.path in header.adds:
+            raise PatchToolError(
+                f"{path.name}: adds {section.path} and also has a diff section for it; edit "
+                f"the overlay file ({OVERLAY_NAME}/{section.path}) instead")
+    added: list[AddedFile] = []
+    if overlay is not None:
+        for rel in header.adds:
+            source = overlay / rel
+            if not source.is_file():
+                raise PatchToolError(
+                    f"{path.name} names '# adds: {rel}', but {source} does not exist; add the "
+                    "file to the overlay or remove the header line")
+            added.append(AddedFile(rel, source, sha256_file(source)))
     return Patch(
         file=path.name,
         path=path,
         sha256=sha256_file(path),
-        header=parse_header(text, path.name),
-        sections=parse_diff(text, path.name),
+        header=header,
+        sections=sections,
+        added=tuple(added),
     )
+
+
+def overlay_files(overlay: Path) -> list[str]:
+    """Every file under ``overlay`` as a vLLM path, skipping what importing one leaves."""
+    if not overlay.is_dir():
+        return []
+    found: list[str] = []
+    for path in sorted(overlay.rglob("*")):
+        rel = path.relative_to(overlay)
+        if "__pycache__" in rel.parts or path.suffix in (".pyc", ".pyo"):
+            continue
+        if path.is_file() or path.is_symlink():
+            found.append(rel.as_posix())
+    return found
 
 
 def parse_series_text(text: str) -> tuple[str | None, list[str]]:
@@ -369,12 +444,24 @@ def load_series(directory: Path) -> Series:
     for name in sorted(on_disk - set(names)):
         raise PatchToolError(f"{directory / name} is not listed in {series_path}; "
                              "append it to the series or delete it")
-    patches = tuple(load_patch(directory / name) for name in names)
+    overlay = directory / OVERLAY_NAME
+    patches = tuple(load_patch(directory / name, overlay) for name in names)
     seen: dict[str, str] = {}
     for p in patches:
         if p.name in seen:
             raise PatchToolError(f"{p.file} and {seen[p.name]} share the name {p.name!r}")
         seen[p.name] = p.file
+    adder: dict[str, str] = {}
+    for p in patches:
+        for rel in p.header.adds:
+            if rel in adder:
+                raise PatchToolError(f"{p.file} and {adder[rel]} both add {rel}")
+            adder[rel] = p.file
+    for rel in overlay_files(overlay):
+        if rel not in adder:
+            raise PatchToolError(
+                f"{overlay / rel} is added by no patch; name it in a patch header "
+                f"('# adds: {rel}') or delete it")
     return Series(directory, version, patches, text)
 
 
@@ -474,13 +561,19 @@ def _check_tree(root: Path, series: Series) -> str:
 
 
 def apply_patch(root: Path, patch: Patch) -> None:
-    """Dry-run first so a failing patch leaves the tree untouched, then apply for real."""
-    for section in patch.sections:
-        target = root / section.path
-        if section.creates and target.exists():
-            raise PatchToolError(f"patch {patch.file}: creates {section.path}, which already "
+    """Dry-run first so a failing patch leaves the tree untouched, then copy the files it
+    adds and apply its diff for real."""
+    for rel in patch.creates:
+        if (root / rel).exists() or (root / rel).is_symlink():
+            raise PatchToolError(f"patch {patch.file}: creates {rel}, which already "
                                  "exists in the tree", code=1)
+    if len(patch.added) != len(patch.header.adds):
+        raise PatchToolError(f"patch {patch.file} adds files but was loaded without its "
+                             "overlay; load it through load_series")
     text = "".join(s.text for s in patch.sections)
+    if not text:
+        _copy_added(root, patch)
+        return
     probe = run_gnu_patch(root, text, dry_run=True)
     if not probe.ok:
         labels = [_label_for(patch, p) for p in probe.problems
@@ -491,10 +584,18 @@ def apply_patch(root: Path, patch: Patch) -> None:
         raise PatchToolError(
             f"patch {patch.file} does not apply exactly (fuzz 0, no offset):\n  "
             + "\n  ".join(labels) + hint, code=1)
+    _copy_added(root, patch)
     real = run_gnu_patch(root, text, dry_run=False)
     if not real.ok:
         raise PatchToolError(f"patch {patch.file} failed after a clean dry run:\n"
                              + real.output, code=1)
+
+
+def _copy_added(root: Path, patch: Patch) -> None:
+    for added in patch.added:
+        target = root / added.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(added.source, target)
 
 
 def _label_for(patch: Patch, problem: str) -> str:
@@ -532,6 +633,10 @@ def _write_store(root: Path, series: Series, version: str) -> Path:
     (store / SERIES_NAME).write_text(series.text, encoding="utf-8")
     for p in series.patches:
         shutil.copyfile(p.path, store / p.file)
+        for a in p.added:
+            copy = store / OVERLAY_NAME / a.path
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(a.source, copy)
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "vllm_version": base_version(version),
@@ -543,6 +648,7 @@ def _write_store(root: Path, series: Series, version: str) -> Path:
                 "sha256": p.sha256,
                 "files": list(p.files),
                 "creates": list(p.creates),
+                "adds": [{"path": a.path, "sha256": a.sha256} for a in p.added],
                 "provides": {
                     "env": list(p.header.env),
                     "flags": list(p.header.flags),
@@ -570,6 +676,8 @@ def _extend_record(root: Path, series: Series) -> None:
         listed = {line.split(",", 1)[0] for line in text.splitlines()}
         ours = [(STORE_DIR / n).as_posix() for n in
                 [MANIFEST_NAME, SERIES_NAME, *(p.file for p in series.patches)]]
+        ours += [(STORE_DIR / OVERLAY_NAME / a.path).as_posix()
+                 for p in series.patches for a in p.added]
         ours += [c for p in series.patches for c in p.creates]
         extra = [f"{path},,\n" for path in ours if path not in listed]
         if extra:
@@ -684,6 +792,18 @@ def _section_state(root: Path, section: FileDiff) -> tuple[bool, str]:
     return False, "; ".join(_hunk_label(section, p) for p in shown)
 
 
+def _added_state(root: Path, added: AddedFile) -> tuple[bool, str]:
+    """Is this added file in the tree, byte for byte as the overlay holds it?"""
+    target = root / added.path
+    if not target.is_file():
+        return False, f"missing: this patch adds it ({OVERLAY_NAME}/{added.path})"
+    have = sha256_file(target)
+    if have != added.sha256:
+        return False, (f"differs from {OVERLAY_NAME}/{added.path} (sha256 {have[:12]}, the "
+                       f"overlay's {added.sha256[:12]})")
+    return True, f"identical to {OVERLAY_NAME}/{added.path}"
+
+
 def _unwound_states(root: Path, series: Series) -> dict[tuple[int, str], tuple[bool, str]]:
     """Reverse the series from last to first in a scratch copy of the touched files.
 
@@ -695,14 +815,16 @@ def _unwound_states(root: Path, series: Series) -> dict[tuple[int, str], tuple[b
     results: dict[tuple[int, str], tuple[bool, str]] = {}
     with tempfile.TemporaryDirectory(prefix="qwen3090-verify-") as tmp:
         scratch = Path(tmp)
-        for path in {s.path for p in series.patches for s in p.sections}:
+        for path in {f for p in series.patches for f in p.files}:
             src = root / path
             if src.is_file():
                 dst = scratch / path
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dst)
         for index in range(len(series.patches) - 1, -1, -1):
-            for section in series.patches[index].sections:
+            patch = series.patches[index]
+            # Undo in the reverse of apply's order: the diff first, then the added files.
+            for section in patch.sections:
                 state = _section_state(scratch, section)
                 results[(index, section.path)] = state
                 if state[0] and not section.deletes:
@@ -710,6 +832,11 @@ def _unwound_states(root: Path, series: Series) -> dict[tuple[int, str], tuple[b
                     if not undo.ok:
                         raise PatchToolError(f"undoing {section.path} in the scratch copy "
                                              f"failed after a clean dry run:\n{undo.output}")
+            for added in patch.added:
+                state = _added_state(scratch, added)
+                results[(index, added.path)] = state
+                if state[0]:
+                    (scratch / added.path).unlink()
     return results
 
 
@@ -729,27 +856,27 @@ def verify_tree(root: Path, series: Series) -> VerifyReport:
               f", series targets {series.vllm_version}"
         for p in series.patches:
             results.append(PatchResult(p.name, p.file, NOT_APPLICABLE,
-                                       [FileResult(s.path, False, why) for s in p.sections]))
+                                       [FileResult(f, False, why) for f in p.files]))
         return VerifyReport(root, version, series.vllm_version, series.digest, manifest_digest,
                             results)
     unwound: dict[tuple[int, str], tuple[bool, str]] | None = None
     for index, patch in enumerate(series.patches):
         files: list[FileResult] = []
-        for section in patch.sections:
-            applied, detail = _section_state(root, section)
-            later_touches = [q.name for q in series.patches[index + 1:]
-                             if section.path in q.files]
+        states = [(a.path, _added_state(root, a)) for a in patch.added]
+        states += [(s.path, _section_state(root, s)) for s in patch.sections]
+        for path, (applied, detail) in states:
+            later_touches = [q.name for q in series.patches[index + 1:] if path in q.files]
             if not applied and later_touches:
                 if unwound is None:
                     unwound = _unwound_states(root, series)
-                u_applied, u_detail = unwound[(index, section.path)]
+                u_applied, u_detail = unwound[(index, path)]
                 if u_applied:
                     applied = True
-                    detail = ("reverse applies exactly once the later patches touching this "
+                    detail = ("as this patch leaves it, once the later patches touching this "
                               f"file are undone ({', '.join(later_touches)})")
                 else:
                     detail += f" (also after undoing {', '.join(later_touches)}: {u_detail})"
-            files.append(FileResult(section.path, applied, detail))
+            files.append(FileResult(path, applied, detail))
         count = sum(f.applied for f in files)
         status = APPLIED if count == len(files) else NOT_APPLIED if count == 0 else PARTIAL
         results.append(PatchResult(patch.name, patch.file, status, files))
@@ -833,7 +960,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(series.digest)
             return 0
         for p in series.patches:
-            print(f"{p.file}: {len(p.sections)} files; provides env={list(p.header.env)} "
+            print(f"{p.file}: {len(p.sections)} files edited, {len(p.added)} added; "
+                  f"provides env={list(p.header.env)} "
                   f"flags={list(p.header.flags)} features={list(p.header.features)}")
         print(f"series OK: {len(series.patches)} patches for vLLM "
               f"{series.vllm_version or '(unspecified)'}, {series.digest}")

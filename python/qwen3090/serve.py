@@ -18,11 +18,15 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qwen3090.apikey import API_KEY_ENV, read_api_key
 from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
 from qwen3090.plan import ServePlan
+
+if TYPE_CHECKING:
+    from qwen3090.gate import GatePolicy
 
 
 def check_models(plan: ServePlan, caps: Capabilities) -> None:
@@ -58,19 +62,45 @@ def check_qwen3_5_imports(model: Path, caps: Capabilities) -> None:
     )
 
 
-def gate_gpu(plan: ServePlan) -> list[str]:
-    """The GPU-free gate (``qwen3090.gate``) before vLLM profiles memory (gotcha 2).
+# What the gate's own errors suggest names `qwen3090 gate`'s flags; under serve, only serve's
+# flags may be suggested (the NixOS unit maps its gpuGate options onto these).
+SERVE_GATE_FIX = (
+    "stop those processes (or wait for them), or raise --gate-timeout / --gate-threshold-mib "
+    "if what holds the card is meant to stay, or skip the gate with --no-gate"
+)
+SERVE_NO_GPU_FIX = (
+    "check the driver (nvidia-smi must list the card), or serve on the CPU with --device cpu"
+)
+SERVE_PROBE_FIX = "check the driver (nvidia-smi), or skip the gate with --no-gate"
+GATE_TIMEOUT_EXIT = 3  # qwen3090.gate.run_gate's exit status for a card that did not come free
+_GATE_CPU_HINT = "; a CPU plan passes with --plan-device cpu"
 
-    Returns the gate's warnings; raises when the card does not come free."""
+
+def gate_gpu(plan: ServePlan, policy: GatePolicy | None = None) -> list[str]:
+    """The GPU-free gate (``qwen3090.gate``) before vLLM profiles memory (gotcha 2), with
+    ``policy`` (serve's --gate-* flags; the gate's defaults when None).
+
+    Returns the gate's warnings; raises when the card does not come free, with a fix that
+    names serve's flags."""
     if plan.device != "cuda":
         return []
     from qwen3090 import gate
+    from qwen3090.gpuprobe import NoNvidiaGpu
 
-    report = gate.run_gate(
-        gate.default_policy(),
-        kv_mem_pinned=plan.flag("--kv-cache-memory-bytes") is not None,
-        plan_device=plan.device,
-    )
+    try:
+        report = gate.run_gate(
+            policy or gate.default_policy(),
+            kv_mem_pinned=plan.flag("--kv-cache-memory-bytes") is not None,
+            plan_device=plan.device,
+        )
+    except NoNvidiaGpu as err:
+        raise Qwen3090Error(
+            err.message.removesuffix(_GATE_CPU_HINT), fix=SERVE_NO_GPU_FIX,
+            exit_code=err.exit_code,
+        ) from None
+    except Qwen3090Error as err:
+        fix = SERVE_GATE_FIX if err.exit_code == GATE_TIMEOUT_EXIT else SERVE_PROBE_FIX
+        raise Qwen3090Error(err.message, fix=fix, exit_code=err.exit_code) from None
     print(f"qwen3090: {report.summary}", file=sys.stderr)
     return list(report.warnings)
 
@@ -120,13 +150,18 @@ def child_env(plan: ServePlan, base: Mapping[str, str]) -> dict[str, str]:
 
 
 def exec_plan(
-    plan: ServePlan, caps: Capabilities, *, gate: bool = True, loader: str = "auto"
+    plan: ServePlan,
+    caps: Capabilities,
+    *,
+    gate: GatePolicy | None,
+    loader: str = "auto",
 ) -> None:
-    """Run the pre-flight checks, print the plan's warnings, then become vLLM."""
+    """Run the pre-flight checks, gate with ``gate`` (None: no gate), print the plan's
+    warnings, then become vLLM."""
     check_models(plan, caps)
     warnings = list(plan.warnings)
-    if gate:
-        warnings += gate_gpu(plan)
+    if gate is not None:
+        warnings += gate_gpu(plan, gate)
     plan, reason = with_loader(plan, caps, loader)
     if reason:
         warnings.append(reason)

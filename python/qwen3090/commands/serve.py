@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qwen3090.gate import GatePolicy
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from qwen3090 import gate
     from qwen3090.commands.plan import PRECEDENCE, add_plan_arguments
 
     p = subparsers.add_parser(
@@ -20,6 +25,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--no-gate", action="store_true",
         help="skip the GPU-free gate (the card is known to be free)",
     )
+    # serve is the one owner of the gate (the NixOS unit passes its gpuGate options here), so
+    # its policy is set on serve's command line, not by a separate `qwen3090 gate` run.
+    p.add_argument(
+        "--gate-threshold-mib", type=_non_negative_int, default=gate.DEFAULT_THRESHOLD_MIB,
+        metavar="MIB",
+        help="GPU gate: used memory below this counts as free (default %(default)s)",
+    )
+    p.add_argument(
+        "--gate-timeout", type=_positive_float, default=gate.DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="GPU gate: give up after this many seconds, naming who holds the card "
+        "(default %(default)g)",
+    )
     p.add_argument(
         "--load-streamer", choices=("auto", "on", "off"), default="auto",
         help="load the weights through the Run:ai streamer: auto = when the available RAM is "
@@ -30,6 +48,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run the checks and print the command, but do not exec it",
     )
     p.set_defaults(func=run)
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return value
+
+
+def gate_policy(args: argparse.Namespace) -> GatePolicy | None:
+    """The gate serve runs before exec'ing vLLM, from its flags; None with --no-gate."""
+    from qwen3090 import gate
+
+    if args.no_gate:
+        return None
+    return gate.default_policy(
+        threshold_mib=args.gate_threshold_mib, timeout_s=args.gate_timeout
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,5 +88,5 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"loader: {reason}")
         return 0
-    exec_plan(plan, caps, gate=not args.no_gate, loader=args.load_streamer)
+    exec_plan(plan, caps, gate=gate_policy(args), loader=args.load_streamer)
     return 0  # not reached: exec replaced this process

@@ -18,9 +18,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "patches",
         help="per patch: applied / partial / not-applied / not-applicable",
         description=(
-            "Check every patch of the series by exact reverse dry-run (GNU patch, fuzz 0, no "
-            "offset); patches sharing a file with later ones are also judged with those later "
-            "patches undone. Exit status 0 only when every patch is applied."
+            "Check every patch of the series: its edits by exact reverse dry-run (GNU patch, "
+            "fuzz 0, no offset), the files it adds (patches/overlay/) byte for byte; patches "
+            "sharing a file with later ones are also judged with those later patches undone. "
+            "Exit status 0 only when every patch is applied."
         ),
     )
     patches.add_argument(
@@ -34,8 +35,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--patches",
         type=Path,
         default=None,
-        help="directory with series and *.patch (default: the copy stored in the tree's "
-        "vllm/_qwen3090/ by the apply tool)",
+        help="directory with series, *.patch and overlay/ (default: the copy stored in the "
+        "tree's vllm/_qwen3090/ by the apply tool)",
     )
     patches.add_argument("--json", action="store_true", help="machine-readable report")
     patches.set_defaults(func=run)

@@ -24,9 +24,9 @@ from types import SimpleNamespace
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-# spec_decode_ref (batches, reference, interpreter fix) lives beside the benchmark; it is
-# imported where needed because it imports torch.
-sys.path.insert(0, str(BENCH_DIR))
+# spec_decode_ref (batches, reference, interpreter fix) lives beside this script, so its
+# directory (sys.path[0] when run as a script) finds it; imported where needed because it
+# imports torch.
 # Created by the patch, so imported by name (type checkers see the unpatched vLLM).
 SDA_MODULE = "vllm.v1.attention.ops.spec_decode_attention"
 HOPPER_MODULE = "vllm.v1.attention.ops.spec_decode_attention_hopper"
@@ -93,35 +93,6 @@ class GridRecorder:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.kernel, attr)
-
-
-def record_plans(results: dict[str, Any]) -> None:
-    """The planner's query tiling for every verify length up to 64 (GQA 24/4)."""
-    import torch
-    sda = importlib.import_module(SDA_MODULE)
-
-    # An H200 (132 SMs, 227 KiB shared memory a program) with the Hopper split pass and
-    # without it (a Triton without Gluon), and an RTX 3090 (82, 99 KiB).
-    for card, sms, smem, hopper in (
-        ("h200", 132, 227 << 10, True),
-        ("h200-triton", 132, 227 << 10, False),
-        ("rtx3090", 82, 99 << 10, False),
-    ):
-        ws = sda.SpecDecodeWorkspace(
-            64, 24, 256, torch.device("cpu"), num_sms=sms, max_shared_mem=smem, hopper=hopper
-        )
-        plans = results["plans"].setdefault(card, {})
-        for q in range(2, 65):
-            plan = sda.plan_launch(1, q, 24, 4, 256, ws)
-            plans[str(q)] = {
-                "kernel": plan.kernel,
-                "block_m": plan.block_m,
-                "block_q": plan.block_q,
-                "q_tiles": plan.q_tiles,
-                "num_segments": plan.num_segments,
-                "smem_estimate": sda.plan_smem(plan, 256),
-                "smem": smem,
-            }
 
 
 def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
@@ -715,9 +686,7 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 "kernel": plan.kernel,
                 "block_m": plan.block_m, "tile_n": plan.tile_n, "num_stages": plan.num_stages,
                 "num_warps": plan.num_warps, "bt_lookahead": plan.bt_lookahead,
-                "smem_estimate": sda._smem_estimate(
-                    plan.block_m, plan.tile_n, plan.num_stages, head_size
-                ),
+                "smem_estimate": sda.plan_smem(plan, head_size),
                 "smem_limit": smem, "shared": compiled.metadata.shared, "regs": regs,
                 "spill_bytes": spill, "wgmma": ptx.count("wgmma.mma_async"),
                 "mma_sync": ptx.count("mma.sync"),
@@ -762,12 +731,11 @@ def main() -> int:
     from vllm.triton_utils import HAS_TRITON
 
     results: dict[str, Any] = {
-        "has_triton": HAS_TRITON, "kernel": {}, "dispatch": {}, "plans": {}
+        "has_triton": HAS_TRITON, "kernel": {}, "dispatch": {}
     }
     if HAS_TRITON and args.compile_report:
         compile_report(results, Path(args.out).resolve().parent)
     elif HAS_TRITON:
-        record_plans(results)
         run_kernel_cases(args.device, results)
         if not args.skip_dispatch:
             try:

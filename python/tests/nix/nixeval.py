@@ -34,7 +34,8 @@ def nixpkgs_lib() -> Path:
     if not raw:
         pytest.skip(
             f"{LIB_ENV} is unset: point it at a checkout of github:nix-community/nixpkgs.lib "
-            "(the directory holding lib/default.nix) to evaluate the NixOS module"
+            "(the directory holding lib/default.nix) to evaluate the NixOS module "
+            "(python/dev.sh test uses ../shared/nixpkgs-lib beside the checkout when present)"
         )
     root = Path(raw)
     for candidate in (root / "lib", root):

@@ -43,25 +43,54 @@ def test_no_assertion_fails(base: dict[str, Any]) -> None:
     assert base["failedAssertions"] == []
 
 
-def test_exec_start_pre_runs_the_gate_then_the_model_check(base: dict[str, Any]) -> None:
+def test_exec_start_pre_checks_the_model_and_leaves_the_gate_to_serve(
+    base: dict[str, Any],
+) -> None:
     exe = base["storePaths"]["package"] + "/bin/qwen3090"
     pre = [exec_argv(line) for line in server(base)["serviceConfig"]["ExecStartPre"]]
     assert pre == [
-        [exe, "gate", "--threshold-mib", "1024", "--timeout", "600"],
         [exe, "check", "model", "/var/lib/qwen3090/models/Qwen3.8-27B-W4A16-AutoRound"],
     ]
 
 
-def test_exec_start_serves_the_rendered_config(base: dict[str, Any]) -> None:
+def test_exec_start_serves_the_rendered_config_behind_the_gate(base: dict[str, Any]) -> None:
     exe = base["storePaths"]["package"] + "/bin/qwen3090"
     argv = exec_argv(server(base)["serviceConfig"]["ExecStart"])
-    assert argv == [exe, "serve", "--config", base["configFile"]["path"]]
+    # thresholdMiB = null leaves serve's own default; the timeout is the module's.
+    assert argv == [exe, "serve", "--config", base["configFile"]["path"], "--gate-timeout", "600"]
+
+
+def _serve_policy(argv: list[str]) -> Any:
+    """What `qwen3090 serve` itself makes of a rendered ExecStart's arguments."""
+    from qwen3090.cli import build_parser
+    from qwen3090.commands.serve import gate_policy
+
+    assert argv[1] == "serve"
+    return gate_policy(build_parser().parse_args(argv[1:]))
+
+
+def test_gpu_gate_options_become_serves_gate_flags() -> None:
+    summary = eval_module(
+        "{ services.qwen3090 = { enable = true; "
+        "gpuGate = { thresholdMiB = 4096; timeout = 300; }; }; }"
+    )
+    sc = server(summary)["serviceConfig"]
+    argv = exec_argv(sc["ExecStart"])
+    assert argv[4:] == ["--gate-threshold-mib", "4096", "--gate-timeout", "300"]
+    policy = _serve_policy(argv)
+    assert (policy.threshold_mib, policy.timeout_s) == (4096, 300.0)
+    # The start budget still covers the gate's wait.
+    assert sc["TimeoutStartSec"] == 300 + 1800
+    assert [exec_argv(line)[1] for line in sc["ExecStartPre"]] == ["check"]
 
 
 def test_gate_can_be_turned_off() -> None:
     summary = eval_module("{ services.qwen3090 = { enable = true; gpuGate.enable = false; }; }")
-    pre = [exec_argv(line) for line in server(summary)["serviceConfig"]["ExecStartPre"]]
-    assert [argv[1:3] for argv in pre] == [["check", "model"]]
+    sc = server(summary)["serviceConfig"]
+    argv = exec_argv(sc["ExecStart"])
+    assert argv[4:] == ["--no-gate"]
+    assert _serve_policy(argv) is None
+    assert [exec_argv(line)[1:3] for line in sc["ExecStartPre"]] == [["check", "model"]]
 
 
 def test_cache_and_home_environment(base: dict[str, Any]) -> None:
@@ -96,6 +125,8 @@ def test_gpu_stays_reachable_and_relaxations_are_exact(base: dict[str, Any]) -> 
     assert sc["MemoryDenyWriteExecute"] is False
     assert sc["LimitMEMLOCK"] == "infinity"
     assert sc["KillSignal"] == "SIGINT"
+    # SIGINT to vLLM's main process alone; SIGKILL cgroup-wide only after TimeoutStopSec.
+    assert sc["KillMode"] == "mixed"
     assert sc["DynamicUser"] is True
     assert sc["ProtectSystem"] == "strict"
     assert sc["CapabilityBoundingSet"] == [""]
@@ -190,13 +221,16 @@ def test_shared_module_assertions_catch_a_bad_unit() -> None:
     failures = eval_json(
         f"let s = (import {harness} {{ inherit lib; configuration = {BASE}; }}).config; "
         "u = s.systemd.services; bad = u // { qwen3090 = u.qwen3090 // { serviceConfig = "
-        'u.qwen3090.serviceConfig // { KillSignal = "SIGTERM"; ExecStartPre = '
-        "lib.reverseList u.qwen3090.serviceConfig.ExecStartPre; }; }; }; in "
+        'u.qwen3090.serviceConfig // { KillSignal = "SIGTERM"; KillMode = "control-group"; '
+        'ExecStartPre = [ "qwen3090 \\"gate\\"" ] ++ u.qwen3090.serviceConfig.ExecStartPre; '
+        'ExecStart = "qwen3090 \\"serve\\" \\"--config\\" \\"f\\" \\"--no-gate\\""; }; }; }; in '
         f"import {REPO}/checks/module-assertions.nix {{ inherit lib; "
         f'apiKeyFile = "{KEY_PATH}"; units = bad; firewall = s.networking.firewall; }}'
     )
     assert any("SIGINT" in f for f in failures)
-    assert any("gate must run first" in f for f in failures)
+    assert any("KillMode must be mixed" in f for f in failures)
+    assert any("serve owns the GPU gate" in f for f in failures)
+    assert any("serve must gate the GPU" in f for f in failures)
 
 
 def test_settings_may_not_shadow_the_options() -> None:
@@ -222,7 +256,7 @@ def test_non_loopback_without_key_warns() -> None:
 def test_fetch_model_unit_backs_off_and_gates_the_server() -> None:
     summary = eval_module(
         "{ services.qwen3090 = { enable = true; fetchModel = { enable = true; "
-        'targets = [ "target" ]; revisions.target = "abc123"; '
+        'targets = [ "base" ]; revisions.base = "abc123"; '
         'tokenFile = "/run/keys/hf"; }; }; }'
     )
     fetch = summary["units"]["qwen3090-fetch-model"]
@@ -231,8 +265,11 @@ def test_fetch_model_unit_backs_off_and_gates_the_server() -> None:
     assert sc["Restart"] == "on-failure"
     assert sc["RestartSteps"] > 1 and sc["RestartMaxDelaySec"]
     assert exec_argv(sc["ExecStart"])[1:] == [
-        "fetch", "target", "--dest", "/var/lib/qwen3090/models", "--revision", "target=abc123",
+        "fetch", "base", "--dest", "/var/lib/qwen3090/models", "--revision", "base=abc123",
     ]
+    # Network failures back off; a missing revision stops the unit at once.
+    assert sc["RestartPreventExitStatus"] == [4]
+    assert summary["warnings"] == []
     assert sc["LoadCredential"] == ["hf-token:/run/keys/hf"]
     assert fetch["environment"]["HF_TOKEN_PATH"] == "%d/hf-token"
     assert sc["User"] == server(summary)["serviceConfig"]["User"]
@@ -272,6 +309,8 @@ def test_rendered_settings_hold_the_knobs_and_owned_keys(base: dict[str, Any]) -
         "host": "127.0.0.1",
         "port": 18020,
         "model": "/var/lib/qwen3090/models/Qwen3.8-27B-W4A16-AutoRound",
+        # SPEC = dflash2 without a DRAFT: the drafter where the fetch unit puts it.
+        "DRAFT": "/var/lib/qwen3090/models/Qwen3.8-27B-DFlash2-W4A16",
     }
 
 
@@ -292,6 +331,7 @@ def test_rendered_yaml_round_trips_through_plan(tmp_path: Path) -> None:
     model.mkdir()
     summary = eval_module(
         f'{{ services.qwen3090 = {{ enable = true; modelDir = "{model}"; port = 18555; '
+        f'modelsDir = "{tmp_path}"; '
         'settings = { SPEC = "dflash2"; CTX = "long"; DFLASH_TOKENS = 15; PREFIX_CACHE = 1; }; }; }'
     )
     config = tmp_path / "qwen3090.yaml"
@@ -307,6 +347,7 @@ def test_rendered_yaml_round_trips_through_plan(tmp_path: Path) -> None:
             "DFLASH_TOKENS": "15",
             "PREFIX_CACHE": "1",
             "MODEL": str(model),
+            "DRAFT": str(tmp_path / "Qwen3.8-27B-DFlash2-W4A16"),
         },
     )
     assert from_file == from_knobs
@@ -324,3 +365,196 @@ def test_exporter_gets_the_key_by_credential_not_by_value() -> None:
         "/run/credentials/qwen3090-exporter.service/api-key"
     )
     assert sc["PrivateDevices"] is True
+
+
+def _fetch_argv(summary: dict[str, Any]) -> list[str]:
+    sc = summary["units"]["qwen3090-fetch-model"]["serviceConfig"]
+    return exec_argv(sc["ExecStart"])[1:]
+
+
+def _pins() -> dict[str, Any]:
+    pins: dict[str, Any] = json.loads((REPO / "python" / "qwen3090" / "pins.json").read_text())
+    return pins
+
+
+def test_fetch_targets_are_the_pins_defaults_plus_the_drafter_dflash2_needs() -> None:
+    models = _pins()["models"]
+    defaults = sorted(n for n, m in models.items() if m.get("default"))
+    drafters = sorted(n for n, m in models.items() if m.get("role") == "draft")
+    assert defaults and drafters
+    plain = eval_module("{ services.qwen3090 = { enable = true; fetchModel.enable = true; }; }")
+    assert _fetch_argv(plain)[1:-2] == defaults
+    dflash2 = eval_module(
+        '{ services.qwen3090 = { enable = true; fetchModel.enable = true; '
+        'settings.SPEC = "dflash2"; }; }'
+    )
+    assert _fetch_argv(dflash2)[1:-2] == defaults + drafters
+    # The server looks for the drafter where the fetch unit puts it.
+    assert dflash2["configFile"]["value"]["DRAFT"] == (
+        f"/var/lib/qwen3090/models/{models[drafters[0]]['dir']}"
+    )
+    # A DRAFT of the user's own is not fetched and not overridden.
+    own = eval_module(
+        '{ services.qwen3090 = { enable = true; fetchModel.enable = true; '
+        'settings = { SPEC = "dflash2"; DRAFT = "/srv/drafter"; }; }; }'
+    )
+    assert _fetch_argv(own)[1:-2] == defaults
+    assert own["configFile"]["value"]["DRAFT"] == "/srv/drafter"
+
+
+def test_fetch_targets_and_revisions_must_name_pinned_targets() -> None:
+    error = eval_module_error(
+        '{ services.qwen3090 = { enable = true; fetchModel = { enable = true; '
+        'targets = [ "dflash2-draft" ]; }; }; }'
+    )
+    assert "fetchModel.targets" in error
+    for name in _pins()["models"]:
+        assert f'"{name}"' in error
+    summary = eval_module(
+        '{ services.qwen3090 = { enable = true; fetchModel = { enable = true; '
+        'revisions.target = "abc"; }; }; }'
+    )
+    assert any("revisions names no target" in m for m in summary["failedAssertions"])
+
+
+def test_unpinned_targets_warn_at_evaluation_and_stop_the_unit_once(tmp_path: Path) -> None:
+    summary = eval_module(
+        '{ services.qwen3090 = { enable = true; fetchModel = { enable = true; '
+        'targets = [ "base" "dflash2" ]; revisions.dflash2 = "abc"; }; }; }'
+    )
+    sc = summary["units"]["qwen3090-fetch-model"]["serviceConfig"]
+    (stop,) = sc["RestartPreventExitStatus"]
+    unpinned = [w for w in summary["warnings"] if "no revision is pinned" in w]
+    if _pins()["models"]["base"]["revision"] is None:
+        (warning,) = unpinned
+        assert "for base;" in warning and "fetchModel.revisions.base" in warning
+        assert f"exit status {stop}" in warning
+    else:
+        assert unpinned == []
+    # The status the unit stops on is the one `qwen3090 fetch` really exits with when a
+    # target has no revision (a pins file with none; the check runs before any download).
+    pins = _pins()
+    pins["models"]["base"]["revision"] = None
+    pins_file = tmp_path / "pins.json"
+    pins_file.write_text(json.dumps(pins))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(
+        QWEN3090_PINS=str(pins_file),
+        PYTHONPATH=str(REPO / "python"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "qwen3090", "fetch", "base", "--dest", str(tmp_path / "models")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == stop, done.stderr
+    assert "no revision of" in done.stderr and "--revision base=" in done.stderr
+
+
+def _readme_nixos_example() -> str:
+    """The ```nix block of README.md's "### NixOS" section: a system flake."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n### NixOS\n", 1)[1].split("\n### ", 1)[0]
+    block = section.split("```nix\n", 1)[1].split("\n```", 1)[0]
+    return block
+
+
+def test_the_readme_nixos_example_evaluates_and_fails_clearly(tmp_path: Path) -> None:
+    flake = tmp_path / "flake.nix"
+    flake.write_text(_readme_nixos_example())
+    harness = REPO / "checks" / "eval-module.nix"
+    # The flake's outputs with stand-ins for its inputs: nixosSystem hands back its arguments,
+    # and the qwen3090 input's module is a marker replaced by the module itself (the harness
+    # imports modules/qwen3090); the README's own module is evaluated as written.
+    summary = eval_json(
+        f"let marker = {{ qwen3090ReadmeMarker = true; }}; "
+        f"flake = import {flake}; "
+        "system = (flake.outputs { self = { }; nixpkgs.lib.nixosSystem = args: args; "
+        "qwen3090.nixosModules.default = marker; }).nixosConfigurations.gpu-box; "
+        "isMarker = m: builtins.isAttrs m && m ? qwen3090ReadmeMarker; "
+        "own = builtins.filter (m: !(isMarker m)) system.modules; "
+        f"in assert builtins.length (builtins.filter isMarker system.modules) == 1; "
+        f'assert system.system == "x86_64-linux"; '
+        f"(import {harness} {{ inherit lib; configuration = {{ imports = own; }}; }}).summary"
+    )
+    assert summary["failedAssertions"] == []
+    unit = server(summary)
+    settings = summary["configFile"]["value"]
+    argv = exec_argv(unit["serviceConfig"]["ExecStart"])
+    assert argv[1:3] == ["serve", "--config"] and "--gate-timeout" in argv
+    # The drafter SPEC = dflash2 needs is fetched, into the directory the server reads.
+    fetch = _fetch_argv(summary)
+    if settings.get("SPEC") == "dflash2":
+        assert "dflash2" in fetch
+        assert settings["DRAFT"].endswith(_pins()["models"]["dflash2"]["dir"])
+    # Every target it fetches exists; one without a revision is named at evaluation time
+    # and stops the fetch unit once instead of retrying forever.
+    targets = fetch[1:fetch.index("--dest")]
+    assert set(targets) <= set(_pins()["models"])
+    unpinned = [t for t in targets if _pins()["models"][t]["revision"] is None
+                and f"{t}=" not in " ".join(fetch)]
+    if unpinned:
+        (warning,) = [w for w in summary["warnings"] if "no revision is pinned" in w]
+        assert all(f"fetchModel.revisions.{t}" in warning for t in unpinned)
+    sc = summary["units"]["qwen3090-fetch-model"]["serviceConfig"]
+    assert sc["RestartPreventExitStatus"] == [4]
+    assert "qwen3090-fetch-model.service" in unit["requires"]
+
+
+def test_module_eval_check_is_evaluation_only() -> None:
+    """checks/module-eval.nix with the harness's stand-in for lib.nixosSystem: it passes, and
+    its one output is the unit text without the package's string context, so building the
+    check builds nothing of the closure."""
+    harness = REPO / "checks" / "eval-module.nix"
+    result = eval_json(
+        f"let h = import {harness} {{ inherit lib; }}; "
+        f"check = import {REPO}/checks/module-eval.nix {{ inherit lib; "
+        'system = "x86_64-linux"; inherit (h) nixosSystem; '
+        f"nixosModule = {REPO}/modules/qwen3090; "
+        "writeText = name: text: { inherit name text; }; }; "
+        "rendered = (h.nixosSystem { modules = [ "
+        f"{REPO}/modules/qwen3090 {{ services.qwen3090.enable = true; }} ]; }})"
+        '.config.systemd.units."qwen3090.service".text; '
+        "in { inherit (check) name text; checkHasContext = builtins.hasContext check.text; "
+        "renderedHasContext = builtins.hasContext rendered; "
+        "package = toString h.config.services.qwen3090.package; }"
+    )
+    # The unit text as rendered does depend on the package ...
+    assert result["renderedHasContext"] is True
+    # ... and what the check writes does not, though it names the same store path.
+    assert result["checkHasContext"] is False
+    lines = result["text"].splitlines()
+    (exec_start,) = [line for line in lines if line.startswith("ExecStart=")]
+    assert result["package"] + "/bin/qwen3090" in exec_start
+    for line in ("KillSignal=SIGINT", "KillMode=mixed", f"LoadCredential=api-key:{KEY_PATH}"):
+        assert line in lines
+
+
+def test_module_eval_check_fails_on_a_bad_unit() -> None:
+    harness = REPO / "checks" / "eval-module.nix"
+    proc = eval_json(
+        f"let h = import {harness} {{ inherit lib; }}; "
+        f"in (import {REPO}/checks/module-eval.nix {{ inherit lib; "
+        'system = "x86_64-linux"; inherit (h) nixosSystem; '
+        f"nixosModule = {{ imports = [ {REPO}/modules/qwen3090 ]; "
+        'systemd.services.qwen3090.serviceConfig.KillMode = lib.mkForce "control-group"; }; '
+        "writeText = name: text: { inherit name text; }; }).text",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "KillMode must be mixed" in proc.stderr
+    assert "lacks the line KillMode=mixed" in proc.stderr
+
+
+def test_fetch_option_examples_name_targets_that_exist() -> None:
+    harness = REPO / "checks" / "eval-module.nix"
+    examples = eval_json(
+        f"let o = (import {harness} {{ inherit lib; }}).evaluated.options.services.qwen3090; "
+        "in { targets = o.fetchModel.targets.example; "
+        "revisions = builtins.attrNames o.fetchModel.revisions.example; }"
+    )
+    names = set(_pins()["models"])
+    assert examples["targets"] and set(examples["targets"]) <= names
+    assert examples["revisions"] and set(examples["revisions"]) <= names
+    text = (REPO / "modules" / "qwen3090" / "default.nix").read_text()
+    for stale in ("dflash2-draft", "revisions.target", 'target = "0123'):
+        assert stale not in text

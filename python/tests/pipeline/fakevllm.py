@@ -60,6 +60,14 @@ def write_patch(
     return path
 
 
+def write_overlay(patches: Path, rel: str, text: str) -> Path:
+    """A file the series adds, at its vLLM path under ``patches/overlay/``."""
+    path = patches / "overlay" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
 def write_series(patches: Path, names: list[str], version: str | None = "0.28.0") -> Path:
     lines = ["# test series\n"]
     if version:

@@ -72,6 +72,17 @@ def test_cpu_wheel_verdicts(pristine_cpu_tree: Path, patched_cpu_tree: Path) -> 
     assert patchtool.verify_tree(patched_cpu_tree, stored).ok
 
 
+def test_overlay_files_land_in_the_patched_tree(patched_cpu_tree: Path) -> None:
+    added = [a for p in SERIES.patches for a in p.added]
+    assert added, "the series adds no overlay file"
+    manifest = json.loads((patched_cpu_tree / "vllm/_qwen3090/manifest.json").read_text())
+    listed = {a["path"]: a["sha256"] for p in manifest["patches"] for a in p["adds"]}
+    creates = {c for p in manifest["patches"] for c in p["creates"]}
+    for a in added:
+        assert (patched_cpu_tree / a.path).read_bytes() == a.source.read_bytes(), a.path
+        assert listed[a.path] == patchtool.sha256_file(a.source) and a.path in creates
+
+
 def test_cli_defaults_to_the_importable_vllm(patched_cpu_tree: Path) -> None:
     # qwen3090 finds the tree's vllm by find_spec (the tree shadows site-packages) without
     # importing it, and verifies it against the series stored in it.

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakevllm import make_tree, numbered, write_patch, write_series
+from fakevllm import make_tree, numbered, write_overlay, write_patch, write_series
 
 from qwen3090 import patchtool
 from qwen3090.manifest import load_manifest
@@ -370,8 +370,7 @@ def test_patchtool_is_stdlib_only_and_standalone(tmp_path: Path) -> None:
     script = Path(patchtool.__file__)
     tree = make_tree(tmp_path / "tree", {MOD: BASE})
     patches = tmp_path / "patches"
-    write_patch(patches, "p", {MOD: (BASE, BASE + "x = 1\n")})
-    write_series(patches, ["p"])
+    _overlay_series(patches)
     run = [sys.executable, "-I", "-S", str(script)]
     digest = subprocess.run([*run, "digest", "--patches", str(patches)], cwd=tmp_path,
                             capture_output=True, text=True, check=True)
@@ -383,6 +382,7 @@ def test_patchtool_is_stdlib_only_and_standalone(tmp_path: Path) -> None:
     verified = subprocess.run([*run, "verify", "--root", str(tree)], cwd=tmp_path,
                               capture_output=True, text=True, check=False)
     assert verified.returncode == 0 and "OK: 1 applied" in verified.stdout
+    assert (tree / NEW).read_text() == NEW_TEXT
 
 
 # --------------------------------------------------------------------------- manifest API
@@ -435,3 +435,206 @@ def test_manifest_override_and_validation(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("QWEN3090_MANIFEST", str(tmp_path / "absent.json"))
     with pytest.raises(Qwen3090Error, match="cannot read"):
         find_installed_manifest()
+
+
+# --------------------------------------------------------------------------- overlay
+
+NEW = "vllm/ops/new_kernel.py"
+NEW_TEXT = "def kernel() -> int:\n    return 7\n"
+ADDS = f"# adds: {NEW}\n"
+
+
+def _overlay_series(patches: Path) -> None:
+    """One patch adding NEW from the overlay and editing MOD to import it."""
+    write_overlay(patches, NEW, NEW_TEXT)
+    write_patch(patches, "adder", {MOD: (BASE, BASE + "from vllm.ops.new_kernel import kernel\n")},
+                provides=ADDS)
+    write_series(patches, ["adder"])
+
+
+def test_overlay_file_is_copied_hashed_and_stored(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree", {MOD: BASE})
+    patches = tmp_path / "patches"
+    _overlay_series(patches)
+    series = patchtool.load_series(patches)
+    assert series.patches[0].files == (NEW, MOD)
+    manifest_path = _apply(tree, patches)
+    assert (tree / NEW).read_bytes() == NEW_TEXT.encode()
+    assert (tree / MOD).read_text().endswith("import kernel\n")
+    # The patched module really imports the added one.
+    code = "import vllm.mod as m; print(m.kernel())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(tree)), check=False)
+    assert proc.stdout.strip() == "7", proc.stderr
+    record = load_manifest(manifest_path).patches[0]
+    assert record.creates == (NEW,)
+    raw = json.loads(manifest_path.read_text())["patches"][0]
+    overlay_sha = patchtool.sha256_file(patches / "overlay" / NEW)
+    assert raw["adds"] == [{"path": NEW, "sha256": overlay_sha}]
+    store = tree / "vllm/_qwen3090"
+    assert (store / "overlay" / NEW).read_bytes() == NEW_TEXT.encode()
+    assert patchtool.load_series(store).digest == series.digest
+    assert _status(tree, store) == {"adder": "applied"}
+    report = patchtool.verify_tree(tree, series)
+    assert [(f.path, f.applied) for f in report.patches[0].files] == [(NEW, True), (MOD, True)]
+    assert _status(make_tree(tmp_path / "pristine", {MOD: BASE}), patches) == {
+        "adder": "not-applied"}
+
+
+def test_overlay_only_patch_needs_no_diff(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree", {MOD: BASE})
+    patches = tmp_path / "patches"
+    write_overlay(patches, NEW, NEW_TEXT)
+    write_patch(patches, "only", {}, provides=ADDS)
+    write_series(patches, ["only"])
+    _apply(tree, patches)
+    assert (tree / NEW).read_text() == NEW_TEXT
+    assert _status(tree, patches) == {"only": "applied"}
+
+
+def test_overlay_file_no_header_names_is_refused(tmp_path: Path) -> None:
+    patches = tmp_path / "patches"
+    _overlay_series(patches)
+    write_overlay(patches, "vllm/ops/stray.py", "X = 1\n")
+    with pytest.raises(patchtool.PatchToolError, match=r"stray\.py is added by no patch.*"
+                       r"'# adds: vllm/ops/stray\.py'"):
+        patchtool.load_series(patches)
+    # What importing an overlay file leaves behind is nobody's source and is skipped.
+    (patches / "overlay/vllm/ops/stray.py").unlink()
+    cache = patches / "overlay/vllm/ops/__pycache__"
+    cache.mkdir()
+    (cache / "new_kernel.cpython-311.pyc").write_bytes(b"junk")
+    assert patchtool.load_series(patches).patches[0].header.adds == (NEW,)
+
+
+def test_named_overlay_file_that_is_missing_is_refused(tmp_path: Path) -> None:
+    patches = tmp_path / "patches"
+    _overlay_series(patches)
+    (patches / "overlay" / NEW).unlink()
+    with pytest.raises(patchtool.PatchToolError,
+                       match=r"adder\.patch names '# adds: vllm/ops/new_kernel\.py', but .* "
+                       "does not exist"):
+        patchtool.load_series(patches)
+
+
+@pytest.mark.parametrize(
+    ("adds", "message"),
+    [
+        ("# adds: ops/new.py\n", "not a relative path under vllm/"),
+        ("# adds: vllm/../etc/x.py\n", "not a relative path under vllm/"),
+        ("# adds: vllm/x.py.orig\n", "gotcha 54"),
+        ("# adds: vllm/x.py\n# adds: vllm/x.py\n", "listed twice"),
+        ("# add: vllm/x.py\n", "unknown header key 'add'"),
+    ],
+)
+def test_bad_adds_headers_are_refused(tmp_path: Path, adds: str, message: str) -> None:
+    write_patch(tmp_path, "p", {MOD: (BASE, BASE + "x = 1\n")}, provides=adds)
+    with pytest.raises(patchtool.PatchToolError, match=message):
+        patchtool.load_patch(tmp_path / "p.patch")
+
+
+def test_added_file_with_its_own_diff_section_or_two_adders_is_refused(tmp_path: Path) -> None:
+    patches = tmp_path / "patches"
+    write_overlay(patches, NEW, NEW_TEXT)
+    write_patch(patches, "both", {NEW: (None, NEW_TEXT)}, provides=ADDS)
+    write_series(patches, ["both"])
+    with pytest.raises(patchtool.PatchToolError, match="also has a diff section"):
+        patchtool.load_series(patches)
+    write_patch(patches, "both", {MOD: (BASE, BASE + "x = 1\n")}, provides=ADDS)
+    write_patch(patches, "again", {MOD: (BASE + "x = 1\n", BASE + "x = 2\n")}, provides=ADDS)
+    write_series(patches, ["both", "again"])
+    with pytest.raises(patchtool.PatchToolError, match=r"again\.patch and both\.patch both add"):
+        patchtool.load_series(patches)
+
+
+def test_series_digest_follows_overlay_content(tmp_path: Path) -> None:
+    patches = tmp_path / "patches"
+    _overlay_series(patches)
+    first = patchtool.load_series(patches).digest
+    write_overlay(patches, NEW, NEW_TEXT.replace("7", "8"))
+    changed = patchtool.load_series(patches).digest
+    assert changed != first
+    write_overlay(patches, NEW, NEW_TEXT)
+    assert patchtool.load_series(patches).digest == first
+
+
+def test_apply_refuses_an_added_file_that_exists(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree", {MOD: BASE, NEW: "ALREADY = 1\n"})
+    patches = tmp_path / "patches"
+    _overlay_series(patches)
+    with pytest.raises(patchtool.PatchToolError, match=r"creates vllm/ops/new_kernel\.py, which "
+                       "already exists"):
+        _apply(tree, patches)
+    assert (tree / NEW).read_text() == "ALREADY = 1\n"
+    assert (tree / MOD).read_text() == BASE
+
+
+def test_failing_diff_leaves_no_added_file(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree", {MOD: BASE.replace("line_1 = 1", "drifted = 1")})
+    patches = tmp_path / "patches"
+    write_overlay(patches, NEW, NEW_TEXT)
+    write_patch(patches, "adder", {MOD: (BASE, _replace(BASE, "line_2 = 2", "line_2 = 22"))},
+                provides=ADDS)
+    write_series(patches, ["adder"])
+    with pytest.raises(patchtool.PatchToolError, match="does not apply exactly"):
+        _apply(tree, patches)
+    assert not (tree / NEW).exists()
+
+
+def test_modified_or_missing_overlay_file_fails_verify(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree", {MOD: BASE})
+    patches = tmp_path / "patches"
+    _overlay_series(patches)
+    _apply(tree, patches)
+    # One byte changed, same size: only a byte comparison sees it.
+    (tree / NEW).write_text(NEW_TEXT.replace("7", "9"))
+    report = patchtool.verify_tree(tree, patchtool.load_series(patches))
+    result = report.patches[0]
+    assert result.status == "partial" and not report.ok
+    by_path = {f.path: f for f in result.files}
+    assert by_path[MOD].applied and not by_path[NEW].applied
+    assert "differs from overlay/vllm/ops/new_kernel.py" in by_path[NEW].detail
+    cli = subprocess.run([sys.executable, "-I", "-S", patchtool.__file__, "verify", "--root",
+                          str(tree)], capture_output=True, text=True, check=False)
+    assert cli.returncode == 1 and "NOT OK: 1 partial" in cli.stdout, cli.stdout + cli.stderr
+    (tree / NEW).unlink()
+    detail = patchtool.verify_tree(tree, patchtool.load_series(patches)).patches[0].files[0]
+    assert detail.path == NEW and "missing: this patch adds it" in detail.detail
+
+
+def test_later_patch_editing_an_added_file_verifies_both(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree", {MOD: BASE})
+    patches = tmp_path / "patches"
+    _overlay_series(patches)
+    edited = NEW_TEXT + "def other() -> int:\n    return 8\n"
+    write_patch(patches, "edit", {NEW: (NEW_TEXT, edited)})
+    write_series(patches, ["adder", "edit"])
+    _apply(tree, patches)
+    assert (tree / NEW).read_text() == edited
+    report = patchtool.verify_tree(tree, patchtool.load_series(patches))
+    assert {p.name: p.status for p in report.patches} == {"adder": "applied", "edit": "applied"}
+    assert "once the later patches touching this file are undone (edit)" in \
+        report.patches[0].files[0].detail
+    # The later edit reverted by hand: the file equals the overlay again, "edit" is gone.
+    (tree / NEW).write_text(NEW_TEXT)
+    assert _status(tree, patches) == {"adder": "applied", "edit": "not-applied"}
+    # A stray change under the later edit: the earlier patch's file is no longer its own.
+    (tree / NEW).write_text(edited.replace("return 7", "return 5"))
+    report = patchtool.verify_tree(tree, patchtool.load_series(patches))
+    assert [p.status for p in report.patches] == ["partial", "not-applied"]
+    first = report.patches[0].files[0]
+    assert first.path == NEW and not first.applied
+    assert "also after undoing edit: differs from overlay/" in first.detail
+
+
+def test_the_repository_series_adds_files_only_through_the_overlay() -> None:
+    # New vLLM files are kept whole under patches/overlay/ (linted, type-checked, tested);
+    # a new-file section inside a diff would hide one from all three again.
+    series = patchtool.load_series(Path(__file__).resolve().parents[3] / "patches")
+    for p in series.patches:
+        assert [s.path for s in p.sections if s.creates] == [], p.file
+    added = {p.name: p.header.adds for p in series.patches if p.header.adds}
+    ops = "vllm/v1/attention/ops/"
+    assert added == {"spec-decode-attn": (ops + "spec_decode_attention.py",
+                                          ops + "spec_decode_attention_hopper.py",
+                                          ops + "spec_decode_attention_plan.py")}

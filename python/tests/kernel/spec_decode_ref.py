@@ -1,10 +1,10 @@
 """Paged verify batches and a float32 reference for the spec-decode-attn kernel.
 
-Shared by the CPU interpreter tests (tests/kernel) and the H200 check/benchmark script
-beside this file. The KV cache is built the way vLLM 0.28.0's TRITON_ATTN and FLASH_ATTN
-backends hold it: one tensor of logical shape (blocks, kv_heads, block_size, 2*head_size)
-stored NHD, viewed as (blocks, block_size, kv_heads, 2*head_size) and split into K and V,
-so the kernel sees the real, non-contiguous strides.
+Shared by the kernel tests beside this file (the CPU interpreter runs) and the H200
+benchmark (python/benchmarks/spec_decode_attn.py). The KV cache is built the way vLLM
+0.28.0's TRITON_ATTN and FLASH_ATTN backends hold it: one tensor of logical shape (blocks,
+kv_heads, block_size, 2*head_size) stored NHD, viewed as (blocks, block_size, kv_heads,
+2*head_size) and split into K and V, so the kernel sees the real, non-contiguous strides.
 """
 
 from __future__ import annotations

@@ -1,0 +1,818 @@
+# SPDX-License-Identifier: Apache-2.0
+# qwen3090 patch spec-decode-attn: split-KV attention for speculative verify
+# batches (1 < query length <= VLLM_SPEC_DECODE_ATTN_QMAX per request).
+#
+# Why: with k draft tokens the verify step has k+1 queries per request, and
+# stock 0.28.0 then runs unified_attention's 2-D grid (one program per
+# (query block, kv head)) while FA2 refuses num_splits > 1, so one request
+# occupies num_kv_heads programs of a GPU with 80+ SMs (gotcha 12).
+#
+# Work layout:
+#   split pass : grid (num_seqs * q_tiles, num_kv_heads, num_segments). A
+#                program owns all rows of one query tile of one request for
+#                ONE kv head (rows = query tokens x that kv head's G query
+#                heads), so every KV byte of its segment is read once per
+#                tile. A tile holds BLOCK_M // G query tokens; a longer verify
+#                block gets more tiles, never a silent fallback (gotcha 12).
+#   reduce pass: grid (num_seqs * max_query_len, num_heads); merges the
+#                segments' (max, sum, normalised output) partials.
+# The partials live in a workspace allocated once at startup from
+# max_num_seqs x QMAX and never reallocated: a captured CUDA graph keeps its
+# addresses (gotcha 17).
+#
+# On sm_90 (Hopper) the split pass is the warp-specialised Gluon kernel of
+# spec_decode_attention_hopper.py (TMA loads in their own warp, 64-row
+# warpgroups); everywhere else, and for caches TMA cannot address, the
+# portable Triton split pass below. Both write the same partials. The launch
+# planner, which decides from shapes only, is spec_decode_attention_plan.py.
+
+from types import ModuleType
+
+import torch
+
+from vllm.logger import init_logger
+from vllm.triton_utils import tl, triton
+from vllm.v1.attention.ops.spec_decode_attention_plan import (
+    DEFAULT_SHARED_MEM,
+    MAX_BLOCK_M,
+    MAX_SEGMENTS,
+    MIN_SEGMENT_TOKENS,
+    WORKSPACE_BUDGET_BYTES,
+    LaunchPlan,
+    WorkspaceShape,
+    plan_launch,
+    plan_smem,
+)
+
+# The planner's names stay importable from here, where vLLM's backends and
+# qwen3090's tests and benchmark look for them.
+__all__ = [
+    "MAX_BLOCK_M",
+    "MAX_SEGMENTS",
+    "MIN_SEGMENT_TOKENS",
+    "WORKSPACE_BUDGET_BYTES",
+    "LaunchPlan",
+    "SpecDecodeAttention",
+    "SpecDecodeWorkspace",
+    "get_workspace",
+    "hopper_available",
+    "plan_launch",
+    "plan_smem",
+    "spec_decode_attention",
+]
+
+logger = init_logger(__name__)
+
+# The kernels run the softmax in base 2 (exp2 is one instruction).
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _block_and_slot(
+    block_table_row_ptr,
+    start,
+    end,
+    offs_t,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+):
+    """Physical block (scalar or per token) and in-block slot of the KV tile
+    at ``start``; tokens at or past ``end`` read no block-table entry."""
+    if BLOCK_SIZE % TILE_N == 0:
+        # The tile lies inside one cache block: a single block-table read.
+        blk = tl.load(
+            block_table_row_ptr + start // BLOCK_SIZE, mask=start < end, other=0
+        ).to(tl.int64)
+        slot = (start % BLOCK_SIZE) + offs_t
+    else:
+        tok = start + offs_t
+        blk = tl.load(
+            block_table_row_ptr + tok // BLOCK_SIZE, mask=tok < end, other=0
+        ).to(tl.int64)
+        slot = tok % BLOCK_SIZE
+    return blk, slot
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    acc,
+    m_i,
+    l_i,
+    k_base,
+    v_base,
+    blk,
+    slot,
+    start,
+    kv_end,
+    row_limit,
+    qk_scale,
+    offs_t,
+    offs_d,
+    stride_k_blk: tl.int64,
+    stride_k_slot: tl.int64,
+    stride_v_blk: tl.int64,
+    stride_v_slot: tl.int64,
+    MASKED: tl.constexpr,
+):
+    """One online-softmax step over KV tokens [start, start + TILE_N).
+
+    m_i is kept in scaled base-2 units and starts at a large finite negative
+    value, so that a row that has seen no key gives exp2(-inf - m_i) = 0
+    rather than NaN without a per-tile select.
+    """
+    k_ptrs = k_base + (blk * stride_k_blk + slot * stride_k_slot)[:, None]
+    k_ptrs = k_ptrs + offs_d[None, :]
+    v_ptrs = v_base + (blk * stride_v_blk + slot * stride_v_slot)[:, None]
+    v_ptrs = v_ptrs + offs_d[None, :]
+    if MASKED:
+        valid = (start + offs_t) < kv_end
+        k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    s = tl.dot(q, tl.trans(k))
+    if MASKED:
+        # Causal inside the verify block: row r sees keys < row_limit[r]; keys
+        # at or past kv_end belong to the next segment.
+        visible = ((start + offs_t)[None, :] < row_limit[:, None]) & valid[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    # qk_scale > 0, so the scaled max is the max of the scaled scores.
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    # A constexpr branch (only the taken one is compiled), kept as statements
+    # rather than a conditional expression, as the K load above it is.
+    if MASKED:  # noqa: SIM108
+        v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _segment_tokens(seq_len, min_seg_tokens, NUM_SEGMENTS: tl.constexpr,
+                    TILE_N: tl.constexpr):
+    """KV tokens per segment: an even split in whole tiles, never too small.
+
+    Computed from the device-side seq_len so a captured graph adapts to the
+    context length it replays at; the split and reduce passes agree on it.
+    """
+    per_seg = tl.cdiv(tl.cdiv(seq_len, NUM_SEGMENTS), TILE_N) * TILE_N
+    return tl.maximum(per_seg, min_seg_tokens)
+
+
+@triton.jit
+def _spec_decode_split_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    q_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    cu_seqlens_q_ptr,
+    qk_scale,
+    min_seg_tokens,
+    max_q,
+    stride_q_tok: tl.int64,
+    stride_q_head: tl.int64,
+    stride_o_tok: tl.int64,
+    stride_o_head: tl.int64,
+    stride_k_blk: tl.int64,
+    stride_k_slot: tl.int64,
+    stride_k_head: tl.int64,
+    stride_v_blk: tl.int64,
+    stride_v_slot: tl.int64,
+    stride_v_head: tl.int64,
+    stride_bt: tl.int64,
+    NUM_HEADS: tl.constexpr,
+    G: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    Q_TILES: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+    BT_LOOKAHEAD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seg = tl.program_id(2)
+    seq = pid // Q_TILES
+    q_tile = pid % Q_TILES
+
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    tile_q0 = q_tile * BLOCK_Q
+    if tile_q0 >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    seg_tokens = _segment_tokens(seq_len, min_seg_tokens, NUM_SEGMENTS, TILE_N)
+    kv_lo = seg * seg_tokens
+    offs_m = tl.arange(0, BLOCK_M)
+    q_idx = tile_q0 + offs_m // G
+    head = kv_head * G + offs_m % G
+    row_ok = (offs_m < BLOCK_Q * G) & (q_idx < q_len)
+    # Partials are addressed by (request, query index), not by token, so that
+    # the reduce pass can load them before it knows where the request starts.
+    part_row = ((seq * max_q + q_idx).to(tl.int64) * NUM_HEADS + head) * NUM_SEGMENTS + seg
+    if kv_lo >= seq_len:
+        # Past the end of this request's KV: an empty partial (sum 0), so the
+        # reduce pass can take every segment without reading seq_lens.
+        if NUM_SEGMENTS > 1:
+            tl.store(part_max_ptr + part_row, tl.full([BLOCK_M], -1.0e30, tl.float32),
+                     mask=row_ok)
+            tl.store(part_sum_ptr + part_row, tl.zeros([BLOCK_M], tl.float32), mask=row_ok)
+        return
+
+    # Keys before the verify block; query row i sees keys [0, ctx + i].
+    ctx = seq_len - q_len
+    row_limit = ctx + q_idx + 1
+    tile_rows = tl.minimum(q_len - tile_q0, BLOCK_Q)
+    lim_lo = ctx + tile_q0 + 1  # the tile's first row sees the fewest keys
+    lim_hi = ctx + tile_q0 + tile_rows  # its last row sees the most
+    kv_hi = tl.minimum(kv_lo + seg_tokens, lim_hi)
+
+    offs_d = tl.arange(0, HEAD_SIZE)
+    offs_t = tl.arange(0, TILE_N)
+    tok = (q_start + q_idx).to(tl.int64)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_q_tok + head[:, None] * stride_q_head
+        + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)
+    bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    k_base = key_cache_ptr + kv_head.to(tl.int64) * stride_k_head
+    v_base = value_cache_ptr + kv_head.to(tl.int64) * stride_v_head
+
+    # Whole tiles that every row of the tile sees need no mask at all.
+    full_end = kv_lo + tl.maximum(tl.minimum(kv_hi, lim_lo) - kv_lo, 0) // TILE_N * TILE_N
+    if BT_LOOKAHEAD:
+        # The next tile's block-table entries are read one tile ahead, so the
+        # K/V addresses never wait on a dependent global load.
+        blk, slot = _block_and_slot(bt_row, kv_lo, full_end, offs_t, BLOCK_SIZE, TILE_N)
+        for start in range(kv_lo, full_end, TILE_N):
+            blk_next, slot_next = _block_and_slot(
+                bt_row, start + TILE_N, full_end, offs_t, BLOCK_SIZE, TILE_N
+            )
+            acc, m_i, l_i = _attend_tile(
+                q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
+                row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
+                stride_v_blk, stride_v_slot, False,
+            )
+            blk = blk_next
+            slot = slot_next
+    else:
+        for start in range(kv_lo, full_end, TILE_N):
+            blk, slot = _block_and_slot(bt_row, start, kv_hi, offs_t, BLOCK_SIZE, TILE_N)
+            acc, m_i, l_i = _attend_tile(
+                q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
+                row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
+                stride_v_blk, stride_v_slot, False,
+            )
+    for start in range(full_end, kv_hi, TILE_N):
+        blk, slot = _block_and_slot(bt_row, start, kv_hi, offs_t, BLOCK_SIZE, TILE_N)
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi, row_limit,
+            qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot, stride_v_blk,
+            stride_v_slot, True,
+        )
+
+    if NUM_SEGMENTS == 1:
+        # One segment: normalise and write the result directly.
+        res = acc * tl.where(l_i > 0.0, 1.0 / l_i, 0.0)[:, None]
+        tl.store(
+            out_ptr + tok[:, None] * stride_o_tok + head[:, None] * stride_o_head
+            + offs_d[None, :],
+            res.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
+    else:
+        # Partial outputs are stored normalised, in fp32 (16-bit partials were
+        # measured: no faster on an H200, and more rounding).
+        tl.store(part_max_ptr + part_row, m_i, mask=row_ok)
+        tl.store(part_sum_ptr + part_row, l_i, mask=row_ok)
+        part = acc * tl.where(l_i > 0.0, 1.0 / l_i, 0.0)[:, None]
+        tl.store(
+            part_out_ptr + part_row[:, None] * HEAD_SIZE + offs_d[None, :],
+            part,
+            mask=row_ok[:, None],
+        )
+
+
+@triton.jit
+def _spec_decode_reduce_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    cu_seqlens_q_ptr,
+    stride_o_tok: tl.int64,
+    stride_o_head: tl.int64,
+    NUM_HEADS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    MAX_Q: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+    SEG_CHUNK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = pid // MAX_Q
+    q_i = pid % MAX_Q
+    # Every segment of a valid row was written by the split pass (an empty one
+    # with sum 0), so nothing here waits on the request's lengths: the partials
+    # and cu_seqlens are loaded together and only the store depends on them.
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    row0 = ((seq * MAX_Q + q_i).to(tl.int64) * NUM_HEADS + head) * NUM_SEGMENTS
+    offs_d = tl.arange(0, HEAD_SIZE)
+    offs_c = tl.arange(0, SEG_CHUNK)
+    if NUM_SEGMENTS == SEG_CHUNK:
+        seg_max = tl.load(part_max_ptr + row0 + offs_c)
+        top = tl.max(seg_max, axis=0)
+        # Segment weight: its softmax sum rescaled to the common max; 0 for a
+        # segment none of this row's keys fell in (sum 0).
+        w = tl.exp2(seg_max - top) * tl.load(part_sum_ptr + row0 + offs_c)
+        part = tl.load(
+            part_out_ptr + (row0 + offs_c)[:, None] * HEAD_SIZE + offs_d[None, :]
+        )
+        denom = tl.sum(w, axis=0)
+        acc = tl.sum(tl.where(w[:, None] > 0.0, w[:, None] * part, 0.0), axis=0)
+    else:
+        top = tl.max(tl.load(part_max_ptr + row0 + tl.arange(0, NUM_SEGMENTS)), axis=0)
+        acc = tl.zeros([HEAD_SIZE], dtype=tl.float32)
+        denom = 0.0
+        for c0 in range(0, NUM_SEGMENTS, SEG_CHUNK):
+            cs = row0 + c0 + offs_c
+            w = tl.exp2(tl.load(part_max_ptr + cs) - top) * tl.load(part_sum_ptr + cs)
+            part = tl.load(part_out_ptr + cs[:, None] * HEAD_SIZE + offs_d[None, :])
+            denom += tl.sum(w, axis=0)
+            acc += tl.sum(tl.where(w[:, None] > 0.0, w[:, None] * part, 0.0), axis=0)
+    res = tl.where(denom > 0.0, acc / denom, 0.0)
+    tok = (q_start + q_i).to(tl.int64)
+    tl.store(
+        out_ptr + tok * stride_o_tok + head * stride_o_head + offs_d,
+        res.to(out_ptr.dtype.element_ty),
+        mask=(offs_d * 0 + q_i) < q_len,
+    )
+
+
+_HOPPER: list[ModuleType | None] = []
+
+
+def _hopper_module() -> ModuleType | None:
+    """spec_decode_attention_hopper, or None where this Triton lacks Gluon's
+    Hopper API (imported once, on first use: only CUDA workspaces ask)."""
+    if not _HOPPER:
+        mod: ModuleType | None
+        try:
+            from vllm.v1.attention.ops import spec_decode_attention_hopper as mod
+        except Exception as exc:  # ImportError, or an API this Triton renamed
+            logger.info("spec-decode attention: no Hopper split pass (%s)", exc)
+            mod = None
+        _HOPPER.append(mod)
+    return _HOPPER[0]
+
+
+def hopper_available(device: torch.device) -> bool:
+    """Whether the warp-specialised split pass can run on this device."""
+    return (
+        device.type == "cuda"
+        and torch.cuda.get_device_capability(device)[0] == 9
+        and _hopper_module() is not None
+    )
+
+
+class SpecDecodeWorkspace(WorkspaceShape):
+    """Partial-softmax scratch, sized once and never reallocated (gotcha 17);
+    its shape (what the planner reads) is the WorkspaceShape it extends."""
+
+    def __init__(
+        self,
+        max_tokens: int,
+        num_heads: int,
+        head_size: int,
+        device: torch.device,
+        num_sms: int,
+        budget_bytes: int = WORKSPACE_BUDGET_BYTES,
+        max_shared_mem: int = DEFAULT_SHARED_MEM,
+        hopper: bool = False,
+    ) -> None:
+        super().__init__(
+            max_tokens,
+            num_heads,
+            head_size,
+            num_sms,
+            budget_bytes=budget_bytes,
+            max_shared_mem=max_shared_mem,
+            hopper=hopper,
+        )
+        self.part_out = torch.empty(
+            self.slots * head_size, dtype=torch.float32, device=device
+        )
+        self.part_max = torch.empty(self.slots, dtype=torch.float32, device=device)
+        self.part_sum = torch.empty(self.slots, dtype=torch.float32, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.part_out, self.part_max, self.part_sum)
+        )
+
+
+def _launch_triton_split(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    softmax_scale: float,
+    workspace: SpecDecodeWorkspace,
+    plan: LaunchPlan,
+) -> None:
+    num_heads, head_size = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    _spec_decode_split_kernel[plan.split_grid](
+        out,
+        workspace.part_out,
+        workspace.part_max,
+        workspace.part_sum,
+        q,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        cu_seqlens_q,
+        softmax_scale * _LOG2E,
+        plan.min_segment_tokens,
+        max_query_len,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_table.stride(0),
+        NUM_HEADS=num_heads,
+        G=num_heads // num_kv_heads,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=plan.block_m,
+        BLOCK_Q=plan.block_q,
+        Q_TILES=plan.q_tiles,
+        TILE_N=plan.tile_n,
+        NUM_SEGMENTS=plan.num_segments,
+        BT_LOOKAHEAD=plan.bt_lookahead,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+    )
+
+
+def spec_decode_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    softmax_scale: float,
+    workspace: SpecDecodeWorkspace,
+    plan: LaunchPlan | None = None,
+) -> LaunchPlan:
+    """Causal paged attention for verify batches.
+
+    q, out: [tokens, num_heads, head_size]; key_cache, value_cache:
+    [num_blocks, block_size, num_kv_heads, head_size] (any strides, unit
+    stride on head_size); cu_seqlens_q: [num_seqs + 1]; seq_lens: [num_seqs]
+    (KV length including the verify block); block_table: [num_seqs, *].
+    """
+    if out.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"spec-decode attention writes 16-bit outputs, not {out.dtype}")
+    num_seqs = seq_lens.shape[0]
+    num_heads, head_size = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    if plan is None:
+        plan = plan_launch(
+            num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace
+        )
+    hopper = _hopper_module() if plan.kernel == "hopper" else None
+    if plan.kernel == "hopper" and (
+        hopper is None or not hopper.tma_compatible(key_cache, value_cache, plan.tile_n)
+    ):
+        # A cache TMA cannot address (block size, strides, alignment): the
+        # portable split pass, same partials.
+        logger.warning_once(
+            "spec-decode attention: this KV cache layout (block size %d, strides "
+            "%s) does not suit the Hopper split pass; using the Triton one",
+            block_size,
+            tuple(key_cache.stride()),
+        )
+        plan = plan_launch(
+            num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
+            kernel="triton",
+        )
+    if plan.num_segments > 1 or plan.kernel == "hopper":
+        needed = num_seqs * max_query_len * plan.num_segments
+        if needed > workspace.slots_per_head:
+            raise RuntimeError(
+                f"spec-decode attention workspace holds {workspace.slots_per_head} "
+                f"token-segments per head, this batch needs {needed}"
+            )
+    if plan.kernel == "hopper" and hopper is not None:
+        hopper.ws_split(
+            q,
+            key_cache,
+            value_cache,
+            cu_seqlens_q,
+            seq_lens,
+            block_table,
+            max_query_len,
+            softmax_scale * _LOG2E,
+            workspace.part_out,
+            workspace.part_max,
+            workspace.part_sum,
+            plan.num_wg,
+            plan.wg_q,
+            plan.q_tiles,
+            plan.tile_n,
+            plan.num_stages,
+            plan.num_segments,
+            plan.min_segment_tokens,
+        )
+    else:
+        _launch_triton_split(
+            q, key_cache, value_cache, out, cu_seqlens_q, seq_lens, block_table,
+            max_query_len, softmax_scale, workspace, plan,
+        )
+    if plan.reduce_grid is not None:
+        _spec_decode_reduce_kernel[plan.reduce_grid](
+            out,
+            workspace.part_out,
+            workspace.part_max,
+            workspace.part_sum,
+            cu_seqlens_q,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            HEAD_SIZE=head_size,
+            MAX_Q=max_query_len,
+            NUM_SEGMENTS=plan.num_segments,
+            # One pass over up to 64 segments: every load in flight at once.
+            SEG_CHUNK=min(plan.num_segments, 64),
+            num_warps=8 if plan.num_segments >= 32 else 4,
+        )
+    return plan
+
+
+# Shared across layers of one process: layers run one after another on one
+# stream, so one scratch per (device, heads, head size) suffices.
+_WORKSPACES: dict[tuple[str, int, int, int], SpecDecodeWorkspace] = {}
+
+
+def get_workspace(
+    max_tokens: int, num_heads: int, head_size: int, device: torch.device
+) -> SpecDecodeWorkspace:
+    key = (str(device), num_heads, head_size, max_tokens)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        smem = DEFAULT_SHARED_MEM
+        if device.type == "cuda":
+            props = torch.cuda.get_device_properties(device)
+            num_sms = props.multi_processor_count
+            smem = getattr(props, "shared_memory_per_block_optin", 0) or smem
+        else:
+            # No SM count off-GPU (the Triton interpreter): plan as for a large
+            # GPU so that the split path is the one exercised.
+            num_sms = 128
+        ws = SpecDecodeWorkspace(
+            max_tokens,
+            num_heads,
+            head_size,
+            device,
+            num_sms,
+            max_shared_mem=smem,
+            hopper=hopper_available(device),
+        )
+        _WORKSPACES[key] = ws
+        logger.info(
+            "spec-decode attention: %.1f MiB scratch for %d tokens x %d heads "
+            "(%d segments per token); split pass: %s",
+            ws.nbytes / (1 << 20),
+            max_tokens,
+            num_heads,
+            ws.segments_per_token,
+            "warp-specialised Hopper kernel" if ws.hopper else "Triton kernel",
+        )
+    return ws
+
+
+def _workspace_device() -> torch.device:
+    # Model construction runs under ``with torch.device(target)``.
+    device = torch.get_default_device()
+    if device.type == "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class SpecDecodeAttention:
+    """The split-KV path as one attention layer's impl sees it.
+
+    Built at startup (impl ``__init__``) when ``VLLM_SPEC_DECODE_ATTN`` is on
+    and the layer qualifies; ``forward`` then takes a batch iff its largest
+    query length is in (1, QMAX] and returns False otherwise (stock path).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        scale: float,
+        qmax: int,
+        max_num_seqs: int,
+        device: torch.device,
+    ) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.qmax = qmax
+        self.max_num_seqs = max_num_seqs
+        self.workspace = get_workspace(max_num_seqs * qmax, num_heads, head_size, device)
+        self.last_plan: LaunchPlan | None = None
+
+    @classmethod
+    def maybe_create(
+        cls,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        scale: float,
+        kv_cache_dtype: str,
+        sliding_window: int | None,
+        has_alibi: bool,
+        logits_soft_cap: float | None,
+        has_sinks: bool,
+        is_decoder: bool,
+    ) -> "SpecDecodeAttention | None":
+        import vllm.envs as envs
+
+        if not envs.VLLM_SPEC_DECODE_ATTN:
+            return None
+        qmax = envs.VLLM_SPEC_DECODE_ATTN_QMAX
+        if qmax < 2:
+            raise ValueError(
+                f"VLLM_SPEC_DECODE_ATTN_QMAX={qmax}: the split-KV verify path "
+                "needs at least 2 query tokens per request; set it to the verify "
+                "block length (num_speculative_tokens + 1)."
+            )
+        reasons = []
+        if kv_cache_dtype not in ("auto", "bfloat16", "float16"):
+            reasons.append(f"kv cache dtype {kv_cache_dtype}")
+        if head_size & (head_size - 1) or not 16 <= head_size <= 256:
+            reasons.append(f"head size {head_size}")
+        if num_heads % num_kv_heads:
+            reasons.append(f"{num_heads} heads over {num_kv_heads} kv heads")
+        if sliding_window is not None:
+            reasons.append("sliding window")
+        if has_alibi:
+            reasons.append("alibi")
+        if logits_soft_cap:
+            reasons.append("soft cap")
+        if has_sinks:
+            reasons.append("sinks")
+        if not is_decoder:
+            reasons.append("non-decoder attention")
+        if envs.VLLM_BATCH_INVARIANT:
+            reasons.append("batch invariance")
+        if reasons:
+            logger.info_once(
+                "spec-decode attention off for a layer: %s", ", ".join(reasons)
+            )
+            return None
+
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+        max_num_seqs = 1
+        if config is not None:
+            max_num_seqs = config.scheduler_config.max_num_seqs
+            spec = config.speculative_config
+            k = getattr(spec, "num_speculative_tokens", None) if spec else None
+            if k is not None and k + 1 > qmax:
+                raise ValueError(
+                    f"num_speculative_tokens={k} makes verify blocks of {k + 1} "
+                    f"query tokens, above VLLM_SPEC_DECODE_ATTN_QMAX={qmax}. The "
+                    "split-KV scratch is sized at startup and never grows (a "
+                    "captured CUDA graph keeps its addresses); set "
+                    f"VLLM_SPEC_DECODE_ATTN_QMAX={k + 1} or larger."
+                )
+        return cls(
+            num_heads,
+            num_kv_heads,
+            head_size,
+            scale,
+            qmax,
+            max_num_seqs,
+            _workspace_device(),
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        output: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        max_query_len: int,
+        causal: object,
+    ) -> bool:
+        """Run the split-KV path if this batch qualifies; False means the
+        caller runs its stock kernel. Only CPU-side facts decide."""
+        if not 1 < max_query_len <= self.qmax or causal is not True:
+            return False
+        if key_cache.dtype not in (torch.bfloat16, torch.float16):
+            return False
+        if query.dtype != key_cache.dtype or key_cache.stride(-1) != 1:
+            return False
+        num_seqs = seq_lens.shape[0]
+        if num_seqs > self.max_num_seqs:
+            logger.warning_once(
+                "spec-decode attention: %d sequences exceed max_num_seqs=%d the "
+                "scratch was sized for; using the stock kernel",
+                num_seqs,
+                self.max_num_seqs,
+            )
+            return False
+        ws = self.workspace
+        for _ in range(8):
+            plan = plan_launch(
+                num_seqs,
+                max_query_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_size,
+                ws,
+            )
+            try:
+                spec_decode_attention(
+                    query,
+                    key_cache,
+                    value_cache,
+                    output,
+                    query_start_loc,
+                    seq_lens,
+                    block_table,
+                    max_query_len,
+                    self.scale,
+                    ws,
+                    plan,
+                )
+            except Exception as exc:
+                if plan.kernel == "hopper" and type(exc).__name__ == "CompilationError":
+                    # Gluon is experimental: a Triton whose Gluon API moved fails
+                    # to compile the Hopper split pass before launching anything.
+                    # Use the Triton split pass from here on, for every layer.
+                    ws.hopper = False
+                    logger.warning(
+                        "spec-decode attention: the Hopper split pass does not compile "
+                        "with this Triton (%s); using the Triton split pass",
+                        str(exc).strip().splitlines()[-1] if str(exc).strip() else exc,
+                    )
+                    continue
+                # The shared-memory estimate is Triton's allocation only roughly;
+                # a compile that does not fit fails before anything is launched,
+                # so plan below it (for every layer: the workspace is shared).
+                if type(exc).__name__ != "OutOfResources":
+                    raise
+                smem = plan_smem(plan, self.head_size)
+                ws.max_shared_mem = min(ws.max_shared_mem, smem) - 1
+                logger.warning_once(
+                    "spec-decode attention: %s; planning smaller tiles", exc
+                )
+                continue
+            self.last_plan = plan
+            return True
+        raise RuntimeError("spec-decode attention: no launch plan fits this GPU")
