@@ -8,6 +8,10 @@ before it emits any environment variable, flag or flag value a patch provides:
 - the value came only from a profile DEFAULT: it is dropped with a warning in the plan, so
   the default plans stay usable on a build without the patch.
 
+``EMITTED`` is the one table of every environment variable a plan (or ``serve``) sets and every
+patch-only flag value: what reads it, the patch file of ``patches/`` that provides it (or that
+no patch here does, and what to set instead), and whether it is GPU-only. ``NEEDS``,
+``STOCK_ENV``, ``EXTERNAL_ENV`` and the CPU rule set's GPU-only lists are derived from it.
 ``STOCK_ENV`` and ``STOCK_FLAGS`` list every stock name the resolver emits; a test holds them
 against the real ``vllm.envs`` and vLLM 0.28.0's own argument parser.
 """
@@ -17,17 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qwen3090.errors import Qwen3090Error
-
-# vLLM 0.28.0's own environment variables that plans set (all registered in vllm.envs).
-STOCK_ENV = frozenset(
-    {
-        "VLLM_USE_FLASHINFER_SAMPLER",
-        "VLLM_MARLIN_INPUT_DTYPE",
-        "VLLM_API_KEY",
-    }
-)
-# Read by a library under vLLM, not by vLLM itself (torch's CUDA caching allocator).
-EXTERNAL_ENV = frozenset({"PYTORCH_CUDA_ALLOC_CONF"})
 
 # Stock flags plans emit -> the values they may carry (None: any value, or no value).
 STOCK_FLAGS: dict[str, frozenset[str] | None] = {
@@ -67,42 +60,83 @@ STOCK_SPEC_KEYS = frozenset({"method", "model", "num_speculative_tokens", "draft
 STOCK_COMPILATION_KEYS = frozenset({"max_cudagraph_capture_size", "custom_ops", "cudagraph_mode"})
 
 
+NOT_IN_REPOSITORY = "not in this repository"
+
+
 @dataclass(frozen=True)
-class PatchNeed:
-    """Something only a patch provides, and the feature that names it for a human."""
+class Emitted:
+    """An environment variable or flag value plans emit: what reads it, and where it runs."""
 
     kind: str
     """``env`` or ``flag-value``."""
     name: str
     """The env var, or ``--flag=value``."""
-    feature: str
-    """The capability in words / the manifest's feature name."""
+    feature: str | None
+    """The capability (the manifest's feature name) a patch provides; None: stock vLLM 0.28.0
+    (or a library under it) reads it."""
     what: str
     """What it does, for the messages."""
+    provided_by: str | None = None
+    """The patch file in this repository's ``patches/`` that provides it; None when no patch
+    here does (the capability comes from a vLLM built elsewhere)."""
+    instead: str = ""
+    """What a user can set instead when the capability is missing (knob settings)."""
+    gpu_only: bool = False
+    """Nothing on vLLM's CPU build reads it (the CPU rule set leaves it out)."""
+    library: str | None = None
+    """The library under vLLM that reads it (None: vLLM itself)."""
 
 
-NEEDS: dict[str, PatchNeed] = {
-    n.name: n
-    for n in (
-        PatchNeed("env", "VLLM_SPEC_DECODE_ATTN", "spec-decode-attn",
-                  "split-KV verify attention (gotcha 12)"),
-        PatchNeed("env", "VLLM_SPEC_DECODE_ATTN_QMAX", "spec-decode-attn",
-                  "fixed verify-attention scratch size (gotcha 17)"),
-        PatchNeed("env", "VLLM_V2_CUDAGRAPH_MEM_MIB", "v2-cudagraph-mem-estimate",
-                  "V2 runner CUDA-graph memory reservation (gotchas 15, 25)"),
-        PatchNeed("env", "VLLM_MARLIN_INT8_INCLUDE_RE", "int8-layer-select",
-                  "int8 activations on a chosen set of layers (gotcha 16)"),
-        PatchNeed("env", "VLLM_DFLASH2_LOOKUP", "dflash2-lookup",
-                  "DFlash2 lookup drafting"),
-        PatchNeed("env", "VLLM_DFLASH2_LOOKUP_ADAPTIVE", "dflash2-lookup",
-                  "DFlash2 adaptive verify length"),
-        PatchNeed("env", "VLLM_VISION_TOWER_CPU_OFFLOAD", "vision-tower-cpu-offload",
-                  "vision tower weights in host RAM (gotcha 8)"),
-        PatchNeed("env", "KVARN_POOL_MEM_FRAC", "kvarn", "the KVarN KV cache pool"),
-        PatchNeed("flag-value", "--kv-cache-dtype=kvarn_k4v2_g128", "kvarn",
-                  "the KVarN KV cache (gotcha 46)"),
-    )
-}
+# Every environment variable a plan can set, and every patch-only flag value, in one table.
+# The order of the env rows is the order the CPU rule set names them in its warning.
+EMITTED: tuple[Emitted, ...] = (
+    Emitted("env", "PYTORCH_CUDA_ALLOC_CONF", None,
+            "torch's CUDA caching allocator settings (gotcha 3)", gpu_only=True, library="torch"),
+    Emitted("env", "VLLM_USE_FLASHINFER_SAMPLER", None, "FlashInfer's sampler off",
+            gpu_only=True),
+    Emitted("env", "VLLM_SPEC_DECODE_ATTN", "spec-decode-attn",
+            "split-KV verify attention (gotcha 12)", "spec-decode-attn.patch",
+            "SPEC_ATTN=0", gpu_only=True),
+    Emitted("env", "VLLM_SPEC_DECODE_ATTN_QMAX", "spec-decode-attn",
+            "fixed verify-attention scratch size (gotcha 17)", "spec-decode-attn.patch",
+            "SPEC_ATTN=0", gpu_only=True),
+    Emitted("env", "VLLM_V2_CUDAGRAPH_MEM_MIB", "v2-cudagraph-mem-estimate",
+            "V2 runner CUDA-graph memory reservation (gotchas 15, 25)",
+            "hybrid-kv-groups-v2-cudagraph.patch", gpu_only=True),
+    Emitted("env", "VLLM_MARLIN_INPUT_DTYPE", None, "Marlin int8/fp8 activations",
+            gpu_only=True),
+    Emitted("env", "VLLM_MARLIN_INT8_INCLUDE_RE", "int8-layer-select",
+            "int8 activations on a chosen set of layers (gotcha 16)", None,
+            "INT8_LAYERS=. (every layer, what stock vLLM does; GPU_UTIL at most 0.95) or "
+            "INT8_ACT= (empty: int8 activations off)", gpu_only=True),
+    Emitted("env", "VLLM_DFLASH2_LOOKUP", "dflash2-lookup", "DFlash2 lookup drafting", None,
+            "LOOKUP=0", gpu_only=True),
+    Emitted("env", "VLLM_DFLASH2_LOOKUP_ADAPTIVE", "dflash2-lookup",
+            "DFlash2 adaptive verify length", None, "LOOKUP_ADAPTIVE=0", gpu_only=True),
+    Emitted("env", "VLLM_VISION_TOWER_CPU_OFFLOAD", "vision-tower-cpu-offload",
+            "vision tower weights in host RAM (gotcha 8)", None,
+            "VISION_OFFLOAD=0 (the tower stays in GPU memory; lower KV_MEM by 1 GiB)",
+            gpu_only=True),
+    Emitted("env", "KVARN_POOL_MEM_FRAC", "kvarn", "the KVarN KV cache pool", None,
+            "CTX=long (single-user) or KV=int4pth (batch)"),
+    Emitted("env", "VLLM_API_KEY", None, "the API key (serve sets it from API_KEY_FILE)"),
+    Emitted("flag-value", "--kv-cache-dtype=kvarn_k4v2_g128", "kvarn",
+            "the KVarN KV cache (gotcha 46)", None,
+            "CTX=long (single-user) or KV=int4pth (batch)"),
+)
+
+NEEDS: dict[str, Emitted] = {n.name: n for n in EMITTED if n.feature is not None}
+"""What only a patch provides, by env var / ``--flag=value``."""
+# vLLM 0.28.0's own environment variables that plans and serve set (all registered in vllm.envs).
+STOCK_ENV = frozenset(
+    n.name for n in EMITTED if n.kind == "env" and n.feature is None and n.library is None
+)
+# Read by a library under vLLM, not by vLLM itself.
+EXTERNAL_ENV = frozenset(n.name for n in EMITTED if n.library is not None)
+GPU_ONLY_ENV: tuple[str, ...] = tuple(n.name for n in EMITTED if n.kind == "env" and n.gpu_only)
+GPU_ONLY_FEATURES: frozenset[str] = frozenset(
+    n.feature for n in EMITTED if n.gpu_only and n.feature is not None
+)
 
 
 @dataclass(frozen=True)
@@ -116,7 +150,7 @@ class Capabilities:
     source: str = "stock vLLM 0.28.0 (no patch manifest found)"
     """Where these came from, for messages."""
 
-    def has(self, need: PatchNeed) -> bool:
+    def has(self, need: Emitted) -> bool:
         if need.kind == "env":
             return need.name in self.env
         value = need.name.partition("=")[2]
@@ -148,13 +182,25 @@ def from_installed() -> Capabilities:
     )
 
 
-def missing_error(need: PatchNeed, knob: str, value: str, caps: Capabilities) -> Qwen3090Error:
-    """The error for a knob the user set whose value needs a patch this build lacks."""
+def missing_error(need: Emitted, knob: str, value: str, caps: Capabilities) -> Qwen3090Error:
+    """The error for a knob the user set whose value needs a patch this build lacks.
+
+    The fix names knobs (flags, variables, --config keys of ``plan``/``serve``) and, where this
+    repository carries the patch, ``--manifest`` of a build that applied it."""
+    flag = "--" + knob.lower().replace("_", "-")
+    unset = f"leave {knob} unset (no {flag}, no {knob} variable or --config key)"
+    alternative = f", or set {need.instead}" if need.instead else ""
+    if need.provided_by is not None:
+        return Qwen3090Error(
+            f"{knob}={value} needs {need.name} ({need.what}), which patches/{need.provided_by} "
+            f"provides (capability {need.feature!r}); this vLLM is {caps.source} and lacks it",
+            fix=f"{unset}{alternative}; or serve a vLLM built with this repository's patch "
+            f"series, which applies {need.provided_by} (the Nix package does; `--manifest "
+            "FILE` plans against such a build's manifest)",
+        )
     return Qwen3090Error(
-        f"{knob}={value} needs {need.name} ({need.what}), which only a patch provides "
-        f"(capability {need.feature!r}); this vLLM is {caps.source} and no patch in it "
-        f"provides it",
-        fix=f"unset {knob} (or choose a value stock vLLM supports), or serve a vLLM built with "
-        f"the patch series that carries {need.feature!r} (the manifest must list "
-        f"{need.name})",
+        f"{knob}={value} needs {need.name} ({need.what}), capability {need.feature!r}, which is "
+        f"{NOT_IN_REPOSITORY}: no patch here provides it, and this vLLM is {caps.source}",
+        fix=f"{unset}{alternative}; a vLLM built elsewhere whose manifest lists {need.name} "
+        "can serve it (`--manifest FILE` plans against that manifest)",
     )

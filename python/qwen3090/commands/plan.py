@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -59,16 +58,13 @@ def detect_facts() -> PlatformFacts:
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[ServePlan, Capabilities]:
-    """Settings from every source, resolved and given the command serve would exec."""
-    from qwen3090.knobs import cli_values
+    """Settings from every source, resolved into the plan (with the command serve would exec)."""
+    from qwen3090.knobs import cli_values, load_settings
     from qwen3090.plan import resolve
-    from qwen3090.serve import command_for
-    from qwen3090.settings import load_settings
 
     settings = load_settings(config=args.config, environ=os.environ, cli=cli_values(args))
     caps = capabilities_from(args)
-    plan = resolve(settings, caps, detect_facts())
-    return dataclasses.replace(plan, argv=command_for(plan, caps)), caps
+    return resolve(settings, caps, detect_facts()), caps
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from qwen3090.capabilities import NEEDS, STOCK, Capabilities
+from qwen3090.knobs import load_settings
 from qwen3090.plan import PlatformFacts, ServePlan, resolve
-from qwen3090.settings import load_settings
 
 # A build whose manifest provides every capability the resolver can ask for.
 FULL = Capabilities(
     env=frozenset(n.name for n in NEEDS.values() if n.kind == "env"),
     flags=frozenset({"kvarn_k4v2_g128"}),
-    features=frozenset(n.feature for n in NEEDS.values()),
+    # cpu-dist-name: the `vllm serve` launcher runs even where only the CPU wheel is installed.
+    features=frozenset({*(n.feature for n in NEEDS.values() if n.feature), "cpu-dist-name"}),
     patches=("everything",),
     source="a test manifest with every capability",
 )
@@ -33,7 +35,7 @@ def plan_for(
     settings = load_settings(environ=env or {}, cli=cli)
     base = facts or PlatformFacts()
     if cwd is not None:
-        base = PlatformFacts(base.wsl2, base.foreign_gpu_mib, base.api_key_env, cwd)
+        base = dataclasses.replace(base, cwd=cwd)
     return resolve(settings, caps, base)
 
 

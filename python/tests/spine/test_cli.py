@@ -18,6 +18,9 @@ def qwen3090(
 ) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items()
             if k not in {"SPEC", "CTX", "MODEL", "KV_MEM", "PORT", "HOST", "EXTRA_ARGS"}}
+    # This checkout's package first, whatever the working directory.
+    package_root = str(Path(__file__).resolve().parents[2])
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, base.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, "-m", "qwen3090", *args],
         env={**base, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=120,

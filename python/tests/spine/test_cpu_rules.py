@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from spine_planning import FULL, STOCK, arg_map, json_flag, plan_for
 
-from qwen3090.cpu_rules import CPU_KV_DTYPES, CPU_POOL_BYTES, CPU_SSM_DTYPE
 from qwen3090.errors import Qwen3090Error
+from qwen3090.profiles import CPU_KV_DTYPES, CPU_POOL_BYTES, CPU_SSM_DTYPE
 
 CPU = {"DEVICE": "cpu"}
 

@@ -14,21 +14,18 @@ from qwen3090 import caches
 from qwen3090.capabilities import STOCK
 from qwen3090.manifest import find_installed_manifest
 from qwen3090.plan import ServePlan
-from qwen3090.serve import child_env, command_for, with_loader
+from qwen3090.serve import child_env, with_loader
 
 pytestmark = pytest.mark.unit
 
 
 def cpu_plan(model: Path, extra: str = "") -> ServePlan:
-    from dataclasses import replace
-
+    from qwen3090.knobs import load_settings
     from qwen3090.plan import resolve
-    from qwen3090.settings import load_settings
 
     env = {"MODEL": str(model), "EXTRA_ARGS": extra} if extra else {"MODEL": str(model)}
     settings = load_settings(config=None, environ=env, cli={"DEVICE": "cpu"})
-    plan = resolve(settings, STOCK)
-    return replace(plan, argv=command_for(plan, STOCK))
+    return resolve(settings, STOCK)
 
 
 def test_streamer_on_request_adds_the_loader_to_args_and_argv(demo_model_dir: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qwen3090.errors import Qwen3090Error
-from qwen3090.settings import load_settings
+from qwen3090.knobs import load_settings
 
 pytestmark = pytest.mark.unit
 

@@ -27,8 +27,8 @@ from qwen3090.capabilities import (
     STOCK_SPEC_METHODS,
 )
 from qwen3090.errors import Qwen3090Error
+from qwen3090.knobs import load_settings
 from qwen3090.plan import PlatformFacts, ServePlan, resolve
-from qwen3090.settings import load_settings
 
 pytestmark = pytest.mark.e2e_cpu
 

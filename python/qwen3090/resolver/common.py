@@ -1,0 +1,159 @@
+"""Rules every profile shares: model directories, server basics, vision, int8 activations and
+the pinned-pool warnings."""
+
+from __future__ import annotations
+
+from qwen3090 import profiles as P
+from qwen3090.capabilities import NEEDS
+from qwen3090.errors import Qwen3090Error
+from qwen3090.modelcheck import METHOD_WORDS
+from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
+from qwen3090.resolver.capgate import CapabilityGate
+from qwen3090.settings import Device, Profile, Settings
+
+
+def default_model(facts: PlatformFacts) -> str:
+    """The first existing default target directory in the models directory (else the last)."""
+    for name in P.MODEL_NAMES:
+        if (facts.cwd / facts.models_dir / name).is_dir():
+            return str(facts.models_dir / name)
+    return str(facts.models_dir / P.MODEL_NAMES[-1])
+
+
+def default_draft(facts: PlatformFacts) -> str:
+    """The first default drafter directory holding weights (else the first)."""
+    for name in P.DRAFT_NAMES:
+        if (facts.cwd / facts.models_dir / name / P.DRAFT_WEIGHTS_FILE).is_file():
+            return str(facts.models_dir / name)
+    return str(facts.models_dir / P.DRAFT_NAMES[0])
+
+
+def _check_model_path(settings: Settings, model: str) -> None:
+    # gotcha 14: vLLM 0.28.0 picks the speculative method from the path; refuse before start.
+    for word in METHOD_WORDS:
+        if word in model.lower():
+            raise Qwen3090Error(
+                f"MODEL={model!r} (from {settings.source('MODEL')}) contains {word!r}: vLLM "
+                "0.28.0 picks the speculative method from the model path, so the target would "
+                f"run as {word.strip('-')} and crash (gotcha 14)",
+                fix="rename the model directory (and its parents) so the path lacks that word, "
+                "then point MODEL (--model) at it",
+            )
+
+
+def common(
+    settings: Settings, facts: PlatformFacts, profile: Profile, device: Device
+) -> PlanBuilder:
+    """The builder with what every profile sets: model, server, tools, base environment."""
+    s = settings
+    model = s.model if s.model is not None else default_model(facts)
+    _check_model_path(s, model)
+    b = PlanBuilder(profile=profile, device=device, model=model)
+    b.host = s.host or P.DEFAULT_HOST
+    b.port = s.port or P.DEFAULT_PORT
+    b.api_servers = s.api_servers or P.DEFAULT_API_SERVERS
+    b.language_model_only = not bool(s.vision)
+    b.prefix_cache = bool(s.prefix_cache)
+    tools = True if s.tools is None else s.tools
+    b.tool_parser = (s.tool_parser or P.DEFAULT_TOOL_PARSER) if tools else None
+    if not tools:
+        b.warnings += no_effect(s, ("TOOL_PARSER",), "TOOLS=0 turns tool calling off")
+    b.extra_args = s.extra_args or ()
+    b.api_key_file = s.api_key_file
+    b.env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    # gotcha 3: expandable segments need CUDA VMM, which WSL2's paravirtual driver rejects.
+    b.env["PYTORCH_CUDA_ALLOC_CONF"] = (
+        "expandable_segments:False" if facts.wsl2 else "expandable_segments:True"
+    )
+    return b
+
+
+def vision(settings: Settings, b: PlanBuilder, gate: CapabilityGate) -> None:
+    """VISION and VISION_OFFLOAD (gotcha 8)."""
+    s = settings
+    if not s.vision:
+        b.warnings += no_effect(s, ("VISION_OFFLOAD",), "VISION is off (--language-model-only)")
+        return
+    offload = True if s.vision_offload is None else s.vision_offload
+    if offload:
+        offload = gate.admit_env("VLLM_VISION_TOWER_CPU_OFFLOAD", "1", knob="VISION_OFFLOAD",
+                                 explicit=s.given("VISION_OFFLOAD"))
+    if not offload and b.speculative is not None and b.speculative.get("method") == "dflash":
+        b.warnings.append(
+            "VISION=1 with the vision tower resident under SPEC=dflash2: the 0.86 GiB tower "
+            "comes out of the ~1.1 GiB transient margin of the pinned pool; the engine boots "
+            "at the headroom cliff or dies in graph capture (gotcha 8). Use VISION_OFFLOAD=1 "
+            "(its patch) or lower KV_MEM by 1 GiB"
+        )
+
+
+def int8(settings: Settings, b: PlanBuilder, gate: CapabilityGate, *, default_on: bool) -> None:
+    """INT8_ACT and INT8_LAYERS (gotcha 16); on by default only in batch."""
+    s = settings
+    act = s.int8_act if s.int8_act is not None else (P.BATCH_INT8_ACT if default_on else "")
+    layers = s.int8_layers if s.int8_layers is not None else P.BATCH_INT8_LAYERS
+    if act == "" or layers == "":
+        # Off means NOT exported: vLLM rejects an empty value at startup.
+        if act == "" and s.int8_act is not None:
+            b.warnings += no_effect(s, ("INT8_LAYERS",), "INT8_ACT is empty (int8 off)")
+        return
+    explicit = s.given("INT8_LAYERS") or s.given("INT8_ACT")
+    if layers != ".":
+        # Stock vLLM applies VLLM_MARLIN_INPUT_DTYPE to EVERY layer; without the selection
+        # patch a default "mlp" would silently become ".", which gotcha 16 says OOMs at 0.972.
+        knob, setting = ("INT8_LAYERS", layers) if s.given("INT8_LAYERS") else ("INT8_ACT", act)
+        if not gate.admit("VLLM_MARLIN_INT8_INCLUDE_RE", layers, knob=knob, explicit=explicit,
+                          setting=setting):
+            b.warnings.append(
+                f"int8 activations are OFF: INT8_LAYERS={layers} needs the layer-selection "
+                "patch, and stock vLLM would quantize every layer instead (gotcha 16)"
+            )
+            return
+        b.env["VLLM_MARLIN_INT8_INCLUDE_RE"] = layers
+    elif gate.reads("VLLM_MARLIN_INT8_INCLUDE_RE"):
+        b.env["VLLM_MARLIN_INT8_INCLUDE_RE"] = layers
+    b.env["VLLM_MARLIN_INPUT_DTYPE"] = act
+    if layers == "." and b.gpu_util > P.INT8_ALL_LAYERS_GPU_UTIL:
+        b.warnings.append(
+            f"INT8_LAYERS=. (every layer) with GPU_UTIL={b.gpu_util}: the extra per-layer "
+            "scratch does not fit above 0.95; the engine dies in chunk_fwd_o once ~17 requests "
+            "are resident while /health still answers (gotcha 16). Set GPU_UTIL=0.95 or lower"
+        )
+
+
+def kv_mem_warnings(s: Settings, facts: PlatformFacts, b: PlanBuilder, default: int) -> None:
+    """A pinned pool above the profile default, or beside other processes' GPU memory."""
+    if b.kv_mem is None:
+        return
+    if s.kv_mem is not None and s.kv_mem != "" and s.kv_mem > default:
+        loud = (
+            " THIS IS WSL2: running out of VRAM there does not fail, it runs 2-6x slower with "
+            "nothing in the log (gotchas 35, 53); ladder prompt lengths before trusting it."
+            if facts.wsl2 else ""
+        )
+        b.warnings.append(
+            f"KV_MEM={s.kv_mem} is above the profile default {default}: the engine needs "
+            "non-KV headroom for its first real batch; past it the server boots and dies on a "
+            f"real request (gotcha 35).{loud}"
+        )
+    if facts.foreign_gpu_mib:
+        b.warnings.append(
+            f"KV_MEM pins the pool at {b.kv_mem} bytes while other processes hold "
+            f"{facts.foreign_gpu_mib} MiB of the GPU: the pin assumes a headless card; the "
+            "server boots and dies later on a real request (gotcha 31). Lower KV_MEM by what "
+            "they hold, or set KV_MEM= empty to size the pool from GPU_UTIL"
+        )
+
+
+def cache_row(row: P.CacheRow, b: PlanBuilder, gate: CapabilityGate, *, knob: str,
+              explicit: bool, setting: str) -> None:
+    """A table row's KV cache and attention, with the capability check of a patched dtype."""
+    b.attention_backend = row.attention_backend
+    b.kv_cache_dtype = row.kv_cache_dtype
+    b.block_size = row.block_size
+    flag_value = f"--kv-cache-dtype={row.kv_cache_dtype}"
+    if flag_value in NEEDS:
+        gate.admit(flag_value, row.kv_cache_dtype, knob=knob, explicit=explicit, setting=setting)
+    if row.kvarn_pool_mem_frac is not None:
+        gate.admit_env("KVARN_POOL_MEM_FRAC", row.kvarn_pool_mem_frac, knob=knob, explicit=explicit,
+                       setting=setting)

@@ -1,0 +1,80 @@
+"""SPEC=dflash2: the DFlash2 drafter, its table row, lookup drafting and the graph capture cap."""
+
+from __future__ import annotations
+
+from qwen3090 import profiles as P
+from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
+from qwen3090.resolver.capgate import CapabilityGate
+from qwen3090.resolver.common import default_draft
+from qwen3090.settings import Ctx, Settings
+
+
+def dflash2(
+    s: Settings, facts: PlatformFacts, b: PlanBuilder, gate: CapabilityGate, ctx: Ctx
+) -> int:
+    """Apply the dflash2 row for (CTX, k); returns the row's pinned pool (the KV_MEM default)."""
+    k = s.dflash_tokens or P.DFLASH_DEFAULT_TOKENS
+    row = P.DFLASH_TABLE[(ctx, k > P.DFLASH_LONG_BLOCK)]
+    b.drafter = s.draft if s.draft is not None else default_draft(facts)
+    b.num_spec_tokens = k
+    b.speculative = {"method": "dflash", "model": b.drafter, "num_speculative_tokens": k}
+    # gotcha 17: the verify scratch is sized once, at startup, for k+1 query rows.
+    gate.admit_env("VLLM_SPEC_DECODE_ATTN_QMAX", str(k + 1), knob=None, explicit=False)
+    _lookup(s, b, gate, k, ctx)
+    b.max_seqs = s.max_seqs or row.max_seqs
+    b.max_len = s.dflash_max_len or s.max_len or row.max_len
+    b.kv_mem = row.kv_mem if s.kv_mem is None else (s.kv_mem or None)
+    gate.admit_env("VLLM_V2_CUDAGRAPH_MEM_MIB", str(row.v2_cudagraph_mem_mib), knob=None,
+                   explicit=False)
+    if s.cg is not None:
+        b.cg = s.cg
+        if s.cg > P.DFLASH_CG_CAP:
+            b.warnings.append(
+                f"CG={s.cg} > {P.DFLASH_CG_CAP}: VLLM_V2_CUDAGRAPH_MEM_MIB reserves graph "
+                "memory for 64 query tokens; a larger capture boots, answers /health and "
+                "dies on the first concurrent batch (gotcha 34). Raise "
+                "VLLM_V2_CUDAGRAPH_MEM_MIB with it"
+            )
+    else:
+        b.cg = min(b.max_seqs * (k + 1), P.DFLASH_CG_CAP)
+    b.warnings += no_effect(s, ("DRAFT_TOKENS", "DRAFT_SAMPLE"), "they set the mtp "
+                            "speculator; SPEC=dflash2")
+    return row.kv_mem
+
+
+def _lookup(s: Settings, b: PlanBuilder, gate: CapabilityGate, k: int, ctx: Ctx) -> None:
+    """Lookup drafting, its adaptive verify length, and async scheduling (gotchas 18, 19)."""
+    lookup = False
+    if s.lookup is not False:  # default on
+        lookup = gate.admit_env("VLLM_DFLASH2_LOOKUP", "1", knob="LOOKUP",
+                                explicit=s.given("LOOKUP"))
+    else:
+        gate.restate_stock("VLLM_DFLASH2_LOOKUP", "0")
+    # Async scheduling pins the verify length the adaptive lookup varies.
+    adaptive_block = lookup and k > P.DFLASH_LONG_BLOCK
+    if s.async_sched is not None:
+        b.async_scheduling = s.async_sched
+        if s.async_sched and adaptive_block:
+            b.warnings.append(
+                f"ASYNC_SCHED=1 with lookup on and DFLASH_TOKENS={k} > 7: async scheduling "
+                "pads every step to num_speculative_tokens, so the adaptive block length "
+                "is silently ignored (gotchas 18, 19)"
+            )
+    else:
+        b.async_scheduling = not adaptive_block
+    if s.lookup_adaptive is not None:
+        if s.lookup_adaptive:
+            gate.admit_env("VLLM_DFLASH2_LOOKUP_ADAPTIVE", "1", knob="LOOKUP_ADAPTIVE",
+                           explicit=True)
+        else:
+            gate.restate_stock("VLLM_DFLASH2_LOOKUP_ADAPTIVE", "0")
+        if not lookup:
+            b.warnings += no_effect(s, ("LOOKUP_ADAPTIVE",), "lookup drafting is off")
+    elif (
+        adaptive_block and ctx == "huge" and b.prefix_cache and not s.given("LOOKUP")
+    ) and gate.admit_env("VLLM_DFLASH2_LOOKUP_ADAPTIVE", "0", knob=None, explicit=False):
+        b.warnings.append(
+            "VLLM_DFLASH2_LOOKUP_ADAPTIVE=0: at CTX=huge with PREFIX_CACHE=1 and "
+            f"DFLASH_TOKENS={k} > 7 the adaptive verify length corrupts turn 2 on a "
+            "shared prefix; set LOOKUP=1 explicitly to keep the adaptive length anyway"
+        )
