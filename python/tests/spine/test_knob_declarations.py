@@ -53,7 +53,7 @@ def test_choices_are_the_literal_types_words() -> None:
             assert set(knob.choices) == _literal_words(hints[knob.attr]), knob.name
 
 
-@pytest.mark.parametrize("knob", [k for k in KNOBS if k.rule.type == "enum"], ids=str)
+@pytest.mark.parametrize("knob", [k for k in KNOBS if k.rule.type == "enum"], ids=lambda k: k.name)
 def test_an_enum_knob_takes_its_words_in_any_case_and_nothing_else(knob: object) -> None:
     from qwen3090.settings import Knob
 
@@ -68,7 +68,7 @@ def test_an_enum_knob_takes_its_words_in_any_case_and_nothing_else(knob: object)
     assert err.value.fix is not None and knob.flag in err.value.fix
 
 
-@pytest.mark.parametrize("knob", [k for k in KNOBS if k.rule.type == "int"], ids=str)
+@pytest.mark.parametrize("knob", [k for k in KNOBS if k.rule.type == "int"], ids=lambda k: k.name)
 def test_an_int_knob_keeps_to_its_bounds(knob: object) -> None:
     from qwen3090.settings import Knob
 
