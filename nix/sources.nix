@@ -5,7 +5,12 @@
   # The qwen3090 package, its tests and what they read (checks, the wrapper).
   src = [
     "modules"
+    "README.md"
+    "checks"
+    "flake.nix"
+    "nix"
     "patches"
+    "python/docs"
     "python/pyproject.toml"
     "python/qwen3090"
     "python/tests"
