@@ -4,6 +4,7 @@ split-KV verify attention, then the CTX=huge / CUDA-graph rules."""
 from __future__ import annotations
 
 from qwen3090 import profiles as P
+from qwen3090.errors import Qwen3090Error
 from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
 from qwen3090.resolver.capgate import CapabilityGate
 from qwen3090.resolver.common import cache_row, int8, kv_mem_warnings
@@ -73,7 +74,9 @@ def _spec_attn(
     s: Settings, b: PlanBuilder, gate: CapabilityGate, cache: P.CacheRow, ctx: Ctx
 ) -> None:
     """VLLM_SPEC_DECODE_ATTN=${SPEC_ATTN:-1} where the row uses it (gotcha 12)."""
-    if cache.spec_attn == "knob":
+    if cache.spec_attn == "knob" and cache.kv_cache_dtype not in P.SPEC_ATTN_KV_DTYPES:
+        _spec_attn_declined(s, b, gate, cache, ctx)
+    elif cache.spec_attn == "knob":
         if s.spec_attn is not False:  # default on
             gate.admit_env("VLLM_SPEC_DECODE_ATTN", "1", knob="SPEC_ATTN",
                            explicit=s.given("SPEC_ATTN"))
@@ -82,3 +85,28 @@ def _spec_attn(
     elif cache.spec_attn == "unused":
         b.warnings += no_effect(s, ("SPEC_ATTN",), f"CTX={ctx} does not use the split-KV "
                                 "verify attention")
+
+
+def _spec_attn_declined(
+    s: Settings, b: PlanBuilder, gate: CapabilityGate, cache: P.CacheRow, ctx: Ctx
+) -> None:
+    """A row that wants the split-KV path on a cache its kernels cannot read: say so, never
+    emit a VLLM_SPEC_DECODE_ATTN=1 that the kernel would decline layer by layer."""
+    dtype = cache.kv_cache_dtype
+    readable = "/".join(d for d in P.SPEC_ATTN_KV_DTYPES if d != "auto")
+    if s.spec_attn:
+        raise Qwen3090Error(
+            f"SPEC_ATTN=1 (from {s.source('SPEC_ATTN')}) with CTX={ctx}: the split-KV verify "
+            f"attention of this build reads only {readable} KV caches, and this row's cache "
+            f"is {dtype}",
+            fix="unset SPEC_ATTN (verify batches then take vLLM's stock attention), or choose "
+            "CTX=fast, whose KV cache is bfloat16",
+        )
+    gate.restate_stock("VLLM_SPEC_DECODE_ATTN", "0")
+    # The scratch size is read only when the split path is on.
+    b.env.pop("VLLM_SPEC_DECODE_ATTN_QMAX", None)
+    b.warnings.append(
+        f"split-KV verify attention off for CTX={ctx}: this build's kernels read only "
+        f"{readable} KV caches and this row's is {dtype}, so verify batches take vLLM's "
+        "stock attention (slower at long context, gotcha 12)"
+    )

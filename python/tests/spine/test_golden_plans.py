@@ -86,7 +86,10 @@ def expected_single_user(
         if ctx == "long":
             flags["--attention-backend"] = "TRITON_ATTN"
             flags["--kv-cache-dtype"] = "int8_per_token_head"
-            env["VLLM_SPEC_DECODE_ATTN"] = "1"
+            # The original launcher set 1 here; this build's split-KV kernels read only
+            # 16-bit caches, so the plan restates stock 0 and drops the scratch size.
+            env["VLLM_SPEC_DECODE_ATTN"] = "0"
+            del env["VLLM_SPEC_DECODE_ATTN_QMAX"]
         if ctx == "huge":
             env["VLLM_SPEC_DECODE_ATTN"] = "0"
             if long_block and prefix:

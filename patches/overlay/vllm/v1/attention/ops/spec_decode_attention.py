@@ -63,6 +63,11 @@ __all__ = [
 
 logger = init_logger(__name__)
 
+# The KV cache dtypes the split passes read (16-bit caches only: the quantized
+# ones take the stock path). qwen3090's planner keeps the same list, so it never
+# asks for this path on a cache it would decline; a test holds the two equal.
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
+
 # The kernels run the softmax in base 2 (exp2 is one instruction).
 _LOG2E = 1.4426950408889634
 
@@ -674,6 +679,7 @@ class SpecDecodeAttention:
         logits_soft_cap: float | None,
         has_sinks: bool,
         is_decoder: bool,
+        backend: str = "attention",
     ) -> "SpecDecodeAttention | None":
         import vllm.envs as envs
 
@@ -687,7 +693,7 @@ class SpecDecodeAttention:
                 "block length (num_speculative_tokens + 1)."
             )
         reasons = []
-        if kv_cache_dtype not in ("auto", "bfloat16", "float16"):
+        if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
             reasons.append(f"kv cache dtype {kv_cache_dtype}")
         if head_size & (head_size - 1) or not 16 <= head_size <= 256:
             reasons.append(f"head size {head_size}")
@@ -706,8 +712,13 @@ class SpecDecodeAttention:
         if envs.VLLM_BATCH_INVARIANT:
             reasons.append("batch invariance")
         if reasons:
-            logger.info_once(
-                "spec-decode attention off for a layer: %s", ", ".join(reasons)
+            # A warning, not info: VLLM_SPEC_DECODE_ATTN=1 was asked for, and
+            # this layer's verify batches take the stock 2-D grid instead.
+            logger.warning_once(
+                "spec-decode attention declines a %s layer (%s): its verify "
+                "batches take the stock attention path",
+                backend,
+                ", ".join(reasons),
             )
             return None
 
