@@ -367,9 +367,10 @@ in
       defaultText = literalExpression ''"/var/lib/qwen3090/models"'';
       description = ''
         Directory holding the checkpoint directories (`QWEN3090_MODELS_DIR`): where
-        {option}`services.qwen3090.fetchModel` downloads to, and where the DFlash2 drafter
-        is looked for (`settings.SPEC = "dflash2"` without a `DRAFT` renders `DRAFT` as the
-        pins file's drafter directory here).
+        {option}`services.qwen3090.fetchModel` downloads to, where a relative
+        {option}`services.qwen3090.modelDir` points, and where the DFlash2 drafter is looked
+        for (`settings.SPEC = "dflash2"` without a `DRAFT` renders `DRAFT` as the pins file's
+        drafter directory here). An absolute path outside the Nix store.
       '';
     };
 
@@ -454,6 +455,7 @@ in
         by the build's patch-series digest so a new series never replays an old artifact,
         and the Triton, inductor, FlashInfer and Hugging Face caches. Under `/var/cache` it
         is the unit's `CacheDirectory=`; elsewhere it must exist and be writable by the user.
+        An absolute path outside the Nix store.
       '';
     };
 
