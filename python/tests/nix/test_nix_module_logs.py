@@ -4,7 +4,7 @@ The server unit points vLLM's own logging at a JSON config rendered by the modul
 journal) plus /var/log/qwen3090/server.log; an ExecStartPre rotates that file; the exporter
 unit reads it (--server-log) and keeps its largest-pool reference (--state-dir). Evaluated with
 nixpkgs' lib (NIXPKGS_LIB, see nixeval.py); the rendered logging config is fed to the venv's
-real vLLM, and the rotation script is run on real files.
+real vLLM. The rotation script itself: test_log_rotation.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from qwen3090.bootlog import parse_boot_log
 pytestmark = pytest.mark.nix
 
 HARNESS = REPO / "checks" / "eval-module.nix"
-ROTATE = REPO / "modules" / "qwen3090" / "rotate-log.sh"
 SERVER_LOG = "/var/log/qwen3090/server.log"
 LIMIT = 16 * 1024 * 1024
 
@@ -140,54 +139,6 @@ def test_the_rotation_runs_first_with_the_rendered_script() -> None:
     # The rendered script is this repository's rotate-log.sh (the tests below run that file).
     module = (REPO / "modules" / "qwen3090" / "default.nix").read_text()
     assert "builtins.readFile ./rotate-log.sh" in module
-
-
-def _rotate(log: Path, limit: int = LIMIT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["sh", str(ROTATE), str(log), str(limit)], capture_output=True, text=True, timeout=60
-    )
-
-
-def test_rotation_moves_a_large_log_aside_and_keeps_one_copy(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    with log.open("wb") as fh:
-        fh.write(b"INFO boot one\n")
-        fh.truncate(LIMIT + 1)  # sparse: 16 MiB + 1 byte without writing it
-    old = tmp_path / "server.log.1"
-    old.write_text("the boot before\n")
-    done = _rotate(log)
-    assert done.returncode == 0, done.stderr
-    assert old.stat().st_size == LIMIT + 1
-    assert old.read_bytes().startswith(b"INFO boot one\n")
-    # A fresh, empty file: the exporter never finds the log missing.
-    assert log.is_file() and log.stat().st_size == 0
-    assert "moved to" in done.stdout
-
-
-def test_rotation_leaves_a_log_at_the_limit_alone(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    with log.open("wb") as fh:
-        fh.write(b"INFO boot\n")
-        fh.truncate(LIMIT)
-    done = _rotate(log)
-    assert done.returncode == 0, done.stderr
-    assert log.stat().st_size == LIMIT
-    assert not (tmp_path / "server.log.1").exists()
-    small = tmp_path / "small.log"
-    small.write_text("INFO one line\n")
-    assert _rotate(small).returncode == 0
-    assert small.read_text() == "INFO one line\n"
-
-
-def test_rotation_creates_a_missing_log_and_refuses_bad_arguments(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    assert _rotate(log).returncode == 0
-    assert log.is_file() and log.stat().st_size == 0
-    bad = subprocess.run(
-        ["sh", str(ROTATE), str(log), "16MiB"], capture_output=True, text=True, timeout=60
-    )
-    assert bad.returncode == 2 and "'16MiB'" in bad.stderr
-    assert subprocess.run(["sh", str(ROTATE)], capture_output=True, timeout=60).returncode == 2
 
 
 def test_exporter_reads_the_server_log_and_keeps_its_state() -> None:
