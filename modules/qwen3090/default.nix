@@ -79,7 +79,8 @@ let
     ${builtins.readFile ./rotate-log.sh}
   '';
   rotateLogArgv = [
-    rotateLog
+    # A string, as for serveArgv: older nixpkgs' escapeSystemdExecArg takes no derivations.
+    "${rotateLog}"
     serverLogFile
     serverLogMaxBytes
   ];
