@@ -596,7 +596,8 @@ in
       {
         # The module sets the first (the exporter's log file depends on it); the second at 0
         # makes vLLM refuse the first. Either from the user would be overridden or fatal.
-        assertion = !(cfg.environment ? VLLM_LOGGING_CONFIG_PATH || cfg.environment ? VLLM_CONFIGURE_LOGGING);
+        assertion =
+          !(cfg.environment ? VLLM_LOGGING_CONFIG_PATH || cfg.environment ? VLLM_CONFIGURE_LOGGING);
         message = "services.qwen3090.environment sets VLLM_LOGGING_CONFIG_PATH or VLLM_CONFIGURE_LOGGING: the module sets vLLM's logging itself (journal plus ${serverLogFile} for the exporter); remove them (VLLM_LOGGING_LEVEL is honoured).";
       }
       {

@@ -9,7 +9,7 @@
 # shorter file, starts over from its beginning, and never finds it missing while the GPU gate
 # waits (a missing file reads as "boot log unreadable").
 #
-# POSIX sh and coreutils only; the unit puts coreutils first on PATH.
+# POSIX sh and coreutils only (wc, mv); the unit sets PATH to coreutils alone.
 set -eu
 
 if [ "$#" -ne 2 ]; then
