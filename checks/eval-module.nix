@@ -45,7 +45,15 @@ let
           outPath = fakeStorePath name (builtins.toJSON value);
         };
       };
+    coreutils = fakePackage "coreutils";
     writeShellScript = name: text: {
+      type = "derivation";
+      inherit name text;
+      outPath = fakeStorePath name text;
+    };
+    # Keeps its text, so the tests can read a file the module renders (e.g. vLLM's logging
+    # config) from the option that names it.
+    writeText = name: text: {
       type = "derivation";
       inherit name text;
       outPath = fakeStorePath name text;

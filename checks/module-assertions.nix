@@ -20,8 +20,14 @@ let
   check = ok: message: if ok then [ ] else [ message ];
 in
 check (
-  builtins.length pre == 1 && subcommand (builtins.head pre) == ''"check"''
-) "ExecStartPre should hold the model/tokenizer check alone: serve owns the GPU gate"
+  builtins.any (line: subcommand line == ''"check"'') pre
+) "ExecStartPre should check the model and tokenizer before vLLM starts"
+++ check (
+  !(builtins.any (line: subcommand line == ''"gate"'') pre)
+) "ExecStartPre must not gate the GPU: serve owns the GPU gate (gotcha 2)"
+++ check (
+  unit.environment ? VLLM_LOGGING_CONFIG_PATH && sc.LogsDirectory == "qwen3090"
+) "vLLM must log to the journal and to /var/log/qwen3090/server.log (the exporter's boot log)"
 ++ check (lib.hasInfix ''"serve" "--config"'' sc.ExecStart) "ExecStart must be `qwen3090 serve --config FILE`"
 ++ check (
   lib.hasInfix ''"--gate-timeout"'' sc.ExecStart

@@ -19,6 +19,72 @@ let
   groupName = if cfg.group != null then cfg.group else "qwen3090";
 
   stateDir = "/var/lib/qwen3090";
+  # The exporter keeps its largest-pool reference apart from the server's files.
+  exporterStateDir = "/var/lib/qwen3090-exporter";
+  logsDir = "/var/log/qwen3090";
+  serverLogFile = "${logsDir}/server.log";
+  # Above this size server.log is moved aside before a start (one old copy is kept).
+  serverLogMaxBytes = 16 * 1024 * 1024;
+
+  # nixpkgs' types.port is ints.u16 and so takes 0, which no server can listen on.
+  portType = types.ints.between 1 65535;
+  # Directories the units create and write: absolute, and outside the read-only store.
+  writableDir = types.pathWith {
+    absolute = true;
+    inStore = false;
+  };
+
+  # vLLM's logging, as VLLM_LOGGING_CONFIG_PATH hands it to logging.config.dictConfig in the
+  # API server and in the engine core (vllm/logger.py of 0.28.0). Two handlers on the "vllm"
+  # logger, because each reader needs its own: stdout stays the journal (journalctl -u
+  # qwen3090, as without this file), and the file gives `qwen3090 exporter --server-log` the
+  # boot lines (KV pool, compile cache), which it could not read from the journal without
+  # privileges it should not have. vLLM's own formatter and format, so both read alike.
+  logLevel = cfg.environment.VLLM_LOGGING_LEVEL or "INFO";
+  loggingConfig = {
+    version = 1;
+    disable_existing_loggers = false;
+    formatters.vllm = {
+      class = "vllm.logging_utils.NewLineFormatter";
+      datefmt = "%m-%d %H:%M:%S";
+      format = "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s";
+    };
+    handlers = {
+      journal = {
+        class = "logging.StreamHandler";
+        formatter = "vllm";
+        stream = "ext://sys.stdout";
+      };
+      file = {
+        class = "logging.FileHandler";
+        formatter = "vllm";
+        filename = serverLogFile;
+        encoding = "utf-8";
+      };
+    };
+    loggers.vllm = {
+      handlers = [
+        "journal"
+        "file"
+      ];
+      level = logLevel;
+      propagate = false;
+    };
+  };
+  loggingConfigFile = pkgs.writeText "qwen3090-vllm-logging.json" (builtins.toJSON loggingConfig);
+
+  # modules/qwen3090/rotate-log.sh with coreutils on PATH; see the script for why.
+  rotateLog = pkgs.writeShellScript "qwen3090-rotate-log" ''
+    PATH=${lib.makeBinPath [ pkgs.coreutils ]}
+    ${builtins.readFile ./rotate-log.sh}
+  '';
+  rotateLogArgv = [
+    # A string, as for serveArgv: older nixpkgs' escapeSystemdExecArg takes no derivations.
+    "${rotateLog}"
+    serverLogFile
+    serverLogMaxBytes
+  ];
+
   cacheUnderVarCache = lib.hasPrefix "/var/cache/" cfg.cacheDir;
   # A wildcard bind address is not something to connect to: scrape and probe loopback.
   reachableHost =
@@ -62,6 +128,16 @@ let
   unpinnedTargets = builtins.filter (
     t: (pins.models.${t}.revision or null) == null && !(cfg.fetchModel.revisions ? ${t})
   ) cfg.fetchModel.targets;
+
+  # The checkpoint serve itself would pick (python/qwen3090/profiles.py MODEL_NAMES: the fast
+  # variant when it is there, else the base one), "there" meaning fetched by the fetch unit.
+  # Without that unit the base checkpoint, the one every layout has.
+  servedPreference = [
+    "fast"
+    "base"
+  ];
+  fetchedTargets = lib.optionals cfg.fetchModel.enable cfg.fetchModel.targets;
+  defaultModelTarget = lib.findFirst (t: builtins.elem t fetchedTargets) "base" servedPreference;
 
   checkModelArgv = [
     qwen3090
@@ -281,31 +357,42 @@ in
     };
 
     port = mkOption {
-      type = types.port;
+      type = portType;
       default = 18020;
       description = "TCP port of the OpenAI-compatible server.";
     };
 
     modelsDir = mkOption {
-      type = types.str;
+      type = writableDir;
       default = "${stateDir}/models";
       defaultText = literalExpression ''"/var/lib/qwen3090/models"'';
       description = ''
         Directory holding the checkpoint directories (`QWEN3090_MODELS_DIR`): where
-        {option}`services.qwen3090.fetchModel` downloads to, and where the DFlash2 drafter
-        is looked for (`settings.SPEC = "dflash2"` without a `DRAFT` renders `DRAFT` as the
-        pins file's drafter directory here).
+        {option}`services.qwen3090.fetchModel` downloads to, where a relative
+        {option}`services.qwen3090.modelDir` points, and where the DFlash2 drafter is looked
+        for (`settings.SPEC = "dflash2"` without a `DRAFT` renders `DRAFT` as the pins file's
+        drafter directory here). An absolute path outside the Nix store.
       '';
     };
 
     modelDir = mkOption {
-      type = types.str;
-      default = "${cfg.modelsDir}/Qwen3.8-27B-W4A16-AutoRound";
-      defaultText = literalExpression ''"''${config.services.qwen3090.modelsDir}/Qwen3.8-27B-W4A16-AutoRound"'';
+      type = types.nonEmptyStr;
+      default = pins.models.${defaultModelTarget}.dir;
+      defaultText = lib.literalMD ''
+        the directory of the pins file's `fast` checkpoint when
+        {option}`services.qwen3090.fetchModel` fetches it (serve's own first choice), else of
+        its `base` checkpoint
+      '';
+      example = "Qwen3.8-27B-W4A16-AutoRound";
+      # One rule for relative paths: they name a directory under modelsDir, where the fetch
+      # unit puts checkpoints. The unit's working directory is no base anyone would mean.
+      apply = dir: if lib.hasPrefix "/" dir then dir else "${cfg.modelsDir}/${dir}";
       description = ''
         Directory of the served checkpoint (config.json, safetensors shards, tokenizer.json).
-        Checked by `qwen3090 check model` before every start. Its path must not contain
-        `dflash` (vLLM 0.28.0 picks the speculative method from the model path; gotcha 14).
+        A relative path is taken under {option}`services.qwen3090.modelsDir`; an absolute one
+        as it is. Checked by `qwen3090 check model` before every start. Its path must not
+        contain `dflash` (vLLM 0.28.0 picks the speculative method from the model path;
+        gotcha 14).
       '';
     };
 
@@ -362,13 +449,14 @@ in
     };
 
     cacheDir = mkOption {
-      type = types.str;
+      type = writableDir;
       default = "/var/cache/qwen3090";
       description = ''
         Base of every persistent cache (`QWEN3090_CACHE_DIR`): the vLLM compile cache, keyed
         by the build's patch-series digest so a new series never replays an old artifact,
         and the Triton, inductor, FlashInfer and Hugging Face caches. Under `/var/cache` it
         is the unit's `CacheDirectory=`; elsewhere it must exist and be writable by the user.
+        An absolute path outside the Nix store.
       '';
     };
 
@@ -471,7 +559,7 @@ in
         '';
       };
       port = mkOption {
-        type = types.port;
+        type = portType;
         default = 18021;
         description = "TCP port of the exporter's `/metrics`.";
       };
@@ -504,6 +592,13 @@ in
       {
         assertion = builtins.all (t: pins.models ? ${t}) (builtins.attrNames cfg.fetchModel.revisions);
         message = "services.qwen3090.fetchModel.revisions names no target of the pins file; the targets are: ${lib.concatStringsSep ", " (builtins.attrNames pins.models)}.";
+      }
+      {
+        # The module sets the first (the exporter's log file depends on it); the second at 0
+        # makes vLLM refuse the first. Either from the user would be overridden or fatal.
+        assertion =
+          !(cfg.environment ? VLLM_LOGGING_CONFIG_PATH || cfg.environment ? VLLM_CONFIGURE_LOGGING);
+        message = "services.qwen3090.environment sets VLLM_LOGGING_CONFIG_PATH or VLLM_CONFIGURE_LOGGING: the module sets vLLM's logging itself (journal plus ${serverLogFile} for the exporter); remove them (VLLM_LOGGING_LEVEL is honoured).";
       }
       {
         assertion = cfg.prometheus.scrape.enable -> builtins.pathExists ../prometheus/rules.yml;
@@ -554,6 +649,8 @@ in
         QWEN3090_CACHE_DIR = cfg.cacheDir;
         # Whatever else writes to ~/.cache lands in the cache directory too.
         XDG_CACHE_HOME = cfg.cacheDir;
+        # The journal and ${serverLogFile} (loggingConfig above); the exporter reads the file.
+        VLLM_LOGGING_CONFIG_PATH = loggingConfigFile;
       }
       // lib.optionalAttrs (cfg.apiKeyFile != null) {
         # The API_KEY_FILE knob of `qwen3090 serve`; %d is the unit's credentials directory
@@ -573,7 +670,14 @@ in
           StateDirectory = "qwen3090";
           StateDirectoryMode = "0750";
           WorkingDirectory = stateDir;
-          ExecStartPre = [ (utils.escapeSystemdExecArgs checkModelArgv) ];
+          # ${logsDir}, for server.log (the exporter's boot log). 0750 in both units that
+          # name it: each start sets the mode again, so they must agree.
+          LogsDirectory = "qwen3090";
+          LogsDirectoryMode = "0750";
+          ExecStartPre = [
+            (utils.escapeSystemdExecArgs rotateLogArgv)
+            (utils.escapeSystemdExecArgs checkModelArgv)
+          ];
           ExecStart = utils.escapeSystemdExecArgs serveArgv;
           ExecStartPost = [ "${waitReady}" ];
           # vLLM drains in-flight requests and exits 0 on SIGINT; SIGTERM cuts them off.
@@ -687,6 +791,17 @@ in
           # It talks HTTP to the server and reads the build manifest: no GPU, no JIT.
           PrivateDevices = true;
           MemoryDenyWriteExecute = true;
+          StateDirectory = "qwen3090-exporter";
+          StateDirectoryMode = "0700";
+          # Relaxed: the exporter must see the server's log directory. Under DynamicUser=
+          # systemd hides every unit's log directory but the unit's own (/var/log/private is
+          # root-only, and the unit sees its own directories bound into it), so this unit
+          # names the same LogsDirectory=; both run as the same user, so server.log (0600,
+          # UMask 0077) is readable without widening any file mode.
+          LogsDirectory = "qwen3090";
+          LogsDirectoryMode = "0750";
+          # ... and takes the write access that LogsDirectory= grants back: read only.
+          ReadOnlyPaths = [ logsDir ];
           ExecStart = utils.escapeSystemdExecArgs (
             [
               qwen3090
@@ -697,6 +812,12 @@ in
               cfg.exporter.port
               "--vllm-url"
               "http://${reachableHost}:${toString cfg.port}"
+              # The boot facts (KV pool, cold or warm compile; gotchas 2, 48) and the largest
+              # pool this build reached, kept across restarts: what Qwen3090KvPoolShrunk needs.
+              "--server-log"
+              serverLogFile
+              "--state-dir"
+              exporterStateDir
             ]
             ++ lib.optionals (cfg.apiKeyFile != null) [
               # The canary needs the key; systemd puts credentials under this fixed path.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -130,7 +131,9 @@ def parse_boot_log(text: str) -> BootFacts:
 class BootLogFollower:
     """Reads a growing server log incrementally (the server keeps appending while it runs).
 
-    A file that shrank was rotated or truncated: it is read again from the start.
+    A file that was replaced (another inode: rotated, as the NixOS unit's rotate-log.sh does
+    before a start) or that shrank (truncated) is read again from the start. The inode, not
+    the size alone: a new file that has already grown past the old offset is still new.
     """
 
     def __init__(self, path: Path) -> None:
@@ -138,16 +141,20 @@ class BootLogFollower:
         self._parser = BootLogParser()
         self._offset = 0
         self._partial = b""
+        self._identity: tuple[int, int] | None = None
 
     def poll(self) -> BootFacts | None:
         """New lines parsed; the current facts, or None when the file cannot be read."""
         try:
-            size = self.path.stat().st_size
-            if size < self._offset:
-                self._parser = BootLogParser()
-                self._offset = 0
-                self._partial = b""
             with self.path.open("rb") as fh:
+                # The identity of the file opened, not of the path: it may be replaced meanwhile.
+                st = os.fstat(fh.fileno())
+                identity = (st.st_dev, st.st_ino)
+                if identity != self._identity or st.st_size < self._offset:
+                    self._parser = BootLogParser()
+                    self._offset = 0
+                    self._partial = b""
+                    self._identity = identity
                 fh.seek(self._offset)
                 chunk = fh.read()
         except OSError:

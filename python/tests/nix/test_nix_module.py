@@ -48,9 +48,12 @@ def test_exec_start_pre_checks_the_model_and_leaves_the_gate_to_serve(
 ) -> None:
     exe = base["storePaths"]["package"] + "/bin/qwen3090"
     pre = [exec_argv(line) for line in server(base)["serviceConfig"]["ExecStartPre"]]
-    assert pre == [
-        [exe, "check", "model", "/var/lib/qwen3090/models/Qwen3.8-27B-W4A16-AutoRound"],
+    # The log rotation first (test_nix_module_logs.py), then the model check; no gate.
+    assert [argv[1:] for argv in pre] == [
+        ["/var/log/qwen3090/server.log", str(16 * 1024 * 1024)],
+        ["check", "model", "/var/lib/qwen3090/models/Qwen3.8-27B-W4A16-AutoRound"],
     ]
+    assert pre[1][0] == exe
 
 
 def test_exec_start_serves_the_rendered_config_behind_the_gate(base: dict[str, Any]) -> None:
@@ -81,7 +84,9 @@ def test_gpu_gate_options_become_serves_gate_flags() -> None:
     assert (policy.threshold_mib, policy.timeout_s) == (4096, 300.0)
     # The start budget still covers the gate's wait.
     assert sc["TimeoutStartSec"] == 300 + 1800
-    assert [exec_argv(line)[1] for line in sc["ExecStartPre"]] == ["check"]
+    assert [exec_argv(line)[1] for line in sc["ExecStartPre"]] == [
+        "/var/log/qwen3090/server.log", "check",
+    ]
 
 
 def test_gate_can_be_turned_off() -> None:
@@ -90,7 +95,7 @@ def test_gate_can_be_turned_off() -> None:
     argv = exec_argv(sc["ExecStart"])
     assert argv[4:] == ["--no-gate"]
     assert _serve_policy(argv) is None
-    assert [exec_argv(line)[1:3] for line in sc["ExecStartPre"]] == [["check", "model"]]
+    assert [exec_argv(line)[1:3] for line in sc["ExecStartPre"]][1:] == [["check", "model"]]
 
 
 def test_cache_and_home_environment(base: dict[str, Any]) -> None:
@@ -295,6 +300,8 @@ def test_prometheus_scrape_jobs_and_rules() -> None:
     exporter = summary["units"]["qwen3090-exporter"]
     assert exec_argv(exporter["serviceConfig"]["ExecStart"])[1:] == [
         "exporter", "--host", "0.0.0.0", "--port", "18021", "--vllm-url", "http://127.0.0.1:18020",
+        "--server-log", "/var/log/qwen3090/server.log",
+        "--state-dir", "/var/lib/qwen3090-exporter",
     ]
 
 
