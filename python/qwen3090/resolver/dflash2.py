@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from qwen3090 import profiles as P
 from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
 from qwen3090.resolver.capgate import CapabilityGate
@@ -60,7 +62,7 @@ def graph_mem_mib(k: int, row: P.DflashRow) -> int:
         return row.v2_cudagraph_mem_mib
     margin = max(0, P.V2_CUDAGRAPH_MEM_MIB_LONG - first_mib)
     lower, upper = points[-2], points[-1]
-    for a, c in zip(points, points[1:], strict=False):
+    for a, c in pairwise(points):
         if k <= c[0]:
             lower, upper = a, c
             break

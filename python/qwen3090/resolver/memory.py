@@ -18,7 +18,7 @@ def estimate(b: PlanBuilder) -> MemoryEstimate:
     per_token = P.KV_BYTES_PER_TOKEN.get(b.kv_cache_dtype or "auto", 65536)
     fixed = P.REQUEST_FIXED_BYTES_PER_SLOT * (b.num_spec_tokens + 2)
     request = per_token * b.max_len + fixed
-    fits = round(b.kv_mem / request, 2) if b.kv_mem else None
+    fits = round(b.kv_mem / request, 2) if b.kv_mem is not None else None
     return MemoryEstimate(per_token, fixed, request, b.kv_mem, fits)
 
 
@@ -28,9 +28,11 @@ def _spec_knob(b: PlanBuilder) -> str:
 
 
 def _len_knob(s: Settings, b: PlanBuilder) -> str:
-    if b.speculative is not None and b.speculative.get("method") == "dflash":
-        if s.given("DFLASH_MAX_LEN") or not s.given("MAX_LEN"):
-            return "DFLASH_MAX_LEN"
+    dflash = b.speculative is not None and b.speculative.get("method") == "dflash"
+    # Under dflash2 DFLASH_MAX_LEN wins over MAX_LEN; MAX_LEN is the one to name only when
+    # it is what set the length.
+    if dflash and (s.given("DFLASH_MAX_LEN") or not s.given("MAX_LEN")):
+        return "DFLASH_MAX_LEN"
     return "MAX_LEN"
 
 
@@ -106,7 +108,7 @@ def _shipped_row(s: Settings, b: PlanBuilder) -> bool:
 def one_request(s: Settings, b: PlanBuilder, lowered_by: int) -> None:
     """Refuse a pinned pool that cannot hold one request of --max-model-len tokens."""
     m = estimate(b)
-    if m.full_length_requests is None or m.full_length_requests >= 1:
+    if b.kv_mem is None or m.full_length_requests is None or m.full_length_requests >= 1:
         return
     numbers = (
         f"the pinned KV pool of {b.kv_mem} bytes ({b.kv_mem / GIB:.2f} GiB) holds "
