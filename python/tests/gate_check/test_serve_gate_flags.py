@@ -200,8 +200,9 @@ def test_serve_refuses_a_pool_the_measured_memory_leaves_too_small(
     tmp_path: Path, demo_model_dir: Path
 ) -> None:
     bindir = _fake_smi(tmp_path, 1300)
+    # The missing key file keeps vLLM from starting should the refusal ever go missing.
     done = _serve(bindir, demo_model_dir, tmp_path, "--gate-timeout", "30",
-                  extra_env=PINNED_MTP)
+                  extra_env={**PINNED_MTP, "API_KEY_FILE": str(tmp_path / "no-key")})
     assert done.returncode == 2, done.stderr
     assert "1300 of 24576 MiB used" in done.stderr  # the gate ran and passed ...
     assert "other processes' GPU memory was taken out of it" in done.stderr  # ... then refused
