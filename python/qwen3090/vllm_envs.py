@@ -146,10 +146,12 @@ OWNING_KNOB: dict[str, str] = {
     "VLLM_DFLASH2_LOOKUP": "LOOKUP",
     "VLLM_DFLASH2_LOOKUP_ADAPTIVE": "LOOKUP_ADAPTIVE",
     "VLLM_VISION_TOWER_CPU_OFFLOAD": "VISION_OFFLOAD",
-    "VLLM_USE_FLASHINFER_SAMPLER": "nothing (every plan sets it to 0)",
+    # No knob: every CUDA plan sets it to 0 (FlashInfer's sampler off), the CPU plan leaves it.
+    "VLLM_USE_FLASHINFER_SAMPLER": "",
     "KVARN_POOL_MEM_FRAC": "CTX=huge or KV=kvarn (the plan sets it from the row)",
 }
-"""Variables a plan sets, and the knob that sets each (the way to change it)."""
+"""Variables a plan sets, and the knob that sets each (the way to change it); "" where the
+plan alone decides."""
 
 INHERITED_OK = frozenset({"VLLM_API_KEY", "VLLM_CACHE_ROOT"})
 """Plan variables an inherited value may supply: the API key (serve's key file wins) and the
@@ -188,9 +190,10 @@ def environment_problems(
         if not name.startswith(PREFIXES):
             continue
         if knob is not None:
+            how = f", and set it through {knob}" if knob else " (the plan alone decides it)"
             problems.append(
                 f"{name}={value!r} from the environment: the plan sets {name} itself and leaves "
-                f"it unset here; unset it, and set it through {knob}"
+                f"it unset here; unset it{how}"
             )
         elif not build_reads(name, caps):
             problems.append(

@@ -87,3 +87,13 @@ def test_the_tables_know_the_series_and_stock_names() -> None:
     assert "VLLM_LOGGING_LEVEL" in STOCK_VLLM_ENV
     assert not SERIES_REGISTERED & STOCK_VLLM_ENV
     assert "VLLM_DFLASH2_LOOKUP" not in SERIES_REGISTERED
+
+
+def test_a_variable_the_plan_alone_decides_is_refused_where_it_leaves_it_out(
+    tmp_path: Path,
+) -> None:
+    plan = plan_for(cli={"DEVICE": "cpu"}, cwd=tmp_path)
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in plan.env
+    with pytest.raises(Qwen3090Error) as info:
+        check_environment(plan, FULL, {"VLLM_USE_FLASHINFER_SAMPLER": "1"})
+    assert "the plan alone decides it" in info.value.message
