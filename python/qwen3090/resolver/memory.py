@@ -126,15 +126,21 @@ def one_request(s: Settings, b: PlanBuilder, lowered_by: int) -> None:
             f"{_len_knob(s, b)} or {_spec_knob(b)} if you need full-length requests"
         )
         return
-    length = _len_knob(s, b)
-    source = f" (from {s.source(length)})" if s.given(length) else ""
+    changes = [_named(s, _len_knob(s, b), b.max_len)]
+    if b.num_spec_tokens:
+        changes.append(_named(s, _spec_knob(b), b.num_spec_tokens))
     others = " after other processes' GPU memory was taken out of it" if lowered_by else ""
     raise Qwen3090Error(
         f"{numbers}{others}; the server would boot and fail the first long request",
-        fix=f"lower {length}{source} (--{length.lower().replace('_', '-')}) or "
-        f"{_spec_knob(b)}, or raise KV_MEM (--kv-mem)"
+        fix=f"lower {' or '.join(changes)}, or raise {_named(s, 'KV_MEM', s.kv_mem or b.kv_mem)}"
         + (", or free the GPU memory other processes hold" if lowered_by else ""),
     )
+
+
+def _named(s: Settings, knob: str, value: object) -> str:
+    """``KNOB=value (from SOURCE, --flag)``, for a fix that says what to change and where."""
+    flag = "--" + knob.lower().replace("_", "-")
+    return f"{knob}={value} (from {s.source(knob)}, {flag})"
 
 
 def memory_rules(s: Settings, facts: PlatformFacts, b: PlanBuilder) -> None:

@@ -35,13 +35,14 @@ def test_dflash_tokens_20_pool_cannot_hold_one_request(tmp_path: Path) -> None:
     assert "holds 0.91 requests of 57344 tokens" in err.message
     assert "5583457484 bytes" in err.message
     assert err.fix is not None
-    assert "DFLASH_TOKENS" in err.fix and "KV_MEM" in err.fix and "DFLASH_MAX_LEN" in err.fix
+    assert "DFLASH_TOKENS=20 (from the environment, --dflash-tokens)" in err.fix
+    assert "KV_MEM" in err.fix and "DFLASH_MAX_LEN" in err.fix
 
 
 def test_dflash_max_len_131072_at_fast_is_refused_naming_its_source(tmp_path: Path) -> None:
     err = _refusal({"SPEC": "dflash2", "DFLASH_MAX_LEN": "131072"}, tmp_path)
     assert "holds 0.58 requests of 131072 tokens" in err.message
-    assert err.fix is not None and "DFLASH_MAX_LEN (from the environment)" in err.fix
+    assert err.fix is not None and "DFLASH_MAX_LEN=131072 (from the environment" in err.fix
 
 
 def test_a_pinned_mtp_pool_is_held_to_the_same_rule(tmp_path: Path) -> None:
