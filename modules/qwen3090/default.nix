@@ -423,7 +423,8 @@ in
       example = "/run/secrets/qwen3090.env";
       description = ''
         Environment file (systemd `EnvironmentFile=`) for the server, e.g. knobs you keep
-        out of the store. Knobs in the settings file win over the environment.
+        out of the store. Knobs set here win over the same knobs in the settings file
+        (`qwen3090 serve`'s precedence: flag > environment > settings file > profile default).
       '';
     };
 

@@ -7,7 +7,7 @@ come from ``qwen3090.profiles``. The stages run in this order over one
 
 ``common`` (model, server, tools) -> ``cpu.cpu_speculator`` (``--device cpu``) ->
 ``single_user`` (with ``dflash2`` and ``cudagraph``) or ``batch`` -> ``common.vision`` ->
-``cpu.cpu_build`` (``--device cpu``) -> ``render.finish``.
+``cpu.cpu_build`` (``--device cpu``; else ``memory.memory_rules``) -> ``render.finish``.
 
 Choices PROFILES.md leaves open, made here:
 
@@ -34,6 +34,7 @@ from qwen3090.resolver.builder import PlatformFacts
 from qwen3090.resolver.capgate import CapabilityGate
 from qwen3090.resolver.common import common, vision
 from qwen3090.resolver.cpu import cpu_build, cpu_speculator
+from qwen3090.resolver.memory import memory_rules
 from qwen3090.resolver.render import finish
 from qwen3090.resolver.serveplan import MemoryEstimate, ServePlan, describe
 from qwen3090.resolver.single_user import single_user
@@ -63,4 +64,6 @@ def resolve(
     vision(settings, b, gate)
     if device == "cpu":
         cpu_build(settings, b)
+    else:
+        memory_rules(settings, facts, b)
     return finish(b, caps, facts)

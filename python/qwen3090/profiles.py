@@ -107,10 +107,18 @@ DEFAULT_DRAFT_SAMPLE = "probabilistic"
 DFLASH_DEFAULT_TOKENS = 7
 DFLASH_LONG_BLOCK = 7  # "k > 7" is the long verify block: lookup + async rules (gotchas 18, 19)
 DFLASH_CG_CAP = 64  # gotcha 34
+# The block lengths the dflash2 rows were shipped and run at: the default, and the long block
+# of DFLASH_TOKENS=15 (the fast row's 57344 tokens are what one k = 15 request leaves room for).
+DFLASH_SHIPPED_TOKENS = (DFLASH_DEFAULT_TOKENS, 15)
 KV_MEM_DEFAULT = 5583457484
 KV_MEM_HUGE = 5261334938
 V2_CUDAGRAPH_MEM_MIB_SHORT = 1400
 V2_CUDAGRAPH_MEM_MIB_LONG = 1900
+# Graph memory the V2 runner measured at DFLASH_TOKENS k (gotcha 25: 1.82 / 2.12 / 2.27 GiB).
+# Above k = 15 the default GRAPH_MEM_MIB follows these points (extrapolated past 20 with the
+# last slope) plus the margin the shipped 1900 keeps over the k = 15 figure.
+V2_GRAPH_MEM_MEASURED_MIB: tuple[tuple[int, int], ...] = ((15, 1864), (18, 2171), (20, 2324))
+V2_GRAPH_MEM_ROUND_MIB = 50
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,17 @@ DFLASH_TABLE: dict[tuple[Ctx, bool], DflashRow] = {
 
 # Warnings' thresholds.
 HUGE_MAX_SEQS_WARN = 12  # gotcha 35
+SPEC_GPU_UTIL_WARN = 0.93  # gotcha 4: above it a speculator's workspace outgrows the profile
+GPU_UTIL_REFUSE = 0.99  # vLLM 0.28.0 refuses 1.0 at boot; 0.99 leaves it no working memory
+# gotcha 24: verify cost steps up at 17 query tokens (a second 16-row Marlin tile) and at 22
+# (a second 128-row attention tile at 6 query heads per KV head); k+1 = 16 or 21 are the
+# sensible verify blocks.
+VERIFY_STAIRS = (16, 21)
+# gotcha 31: what a headless card with no process on it reads as used (the driver's own
+# reservation: a few hundred MiB at most, qwen3090.gate), rounded up. The pinned KV_MEM
+# defaults were measured on such a card, so only the usage beyond this is taken from the pool;
+# a desktop (~1.3 GiB) is well above it.
+FOREIGN_BASELINE_MIB = 512
 INT8_ALL_LAYERS_GPU_UTIL = 0.95  # gotcha 16
 
 # batch ---------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,14 +76,35 @@ GATE_TIMEOUT_EXIT = 3  # qwen3090.gate.run_gate's exit status for a card that di
 _GATE_CPU_HINT = "; a CPU plan passes with --plan-device cpu"
 
 
-def gate_gpu(plan: ServePlan, policy: GatePolicy | None = None) -> list[str]:
+def check_environment(
+    plan: ServePlan, caps: Capabilities, environ: Mapping[str, str]
+) -> None:
+    """Refuse inherited ``VLLM_*`` / ``KVARN_*`` variables this build does not read, those a
+    knob owns, and any variable whose value conflicts with the plan's (issue 19, items 1-2):
+    serve never replaces a user's value silently, and never passes one that does nothing."""
+    from qwen3090.vllm_envs import environment_problems
+
+    problems = environment_problems(plan.env, environ, caps)
+    if problems:
+        raise Qwen3090Error(
+            "the environment sets variables the plan cannot honour:\n  - "
+            + "\n  - ".join(problems),
+            fix="unset them before `qwen3090 serve` and use the knobs named above (flags, "
+            "variables or --config keys; `qwen3090 knobs` lists them)",
+        )
+
+
+def gate_gpu(
+    plan: ServePlan, policy: GatePolicy | None = None
+) -> tuple[list[str], int | None]:
     """The GPU-free gate (``qwen3090.gate``) before vLLM profiles memory (gotcha 2), with
     ``policy`` (serve's --gate-* flags; the gate's defaults when None).
 
-    Returns the gate's warnings; raises when the card does not come free, with a fix that
-    names serve's flags."""
+    Returns the gate's warnings and the MiB the card had in use when it passed (None when
+    nothing was read); raises when the card does not come free, with a fix that names serve's
+    flags."""
     if plan.device != "cuda":
-        return []
+        return [], None
     from qwen3090 import gate
     from qwen3090.gpuprobe import NoNvidiaGpu
 
@@ -102,7 +123,8 @@ def gate_gpu(plan: ServePlan, policy: GatePolicy | None = None) -> list[str]:
         fix = SERVE_GATE_FIX if err.exit_code == GATE_TIMEOUT_EXIT else SERVE_PROBE_FIX
         raise Qwen3090Error(err.message, fix=fix, exit_code=err.exit_code) from None
     print(f"qwen3090: {report.summary}", file=sys.stderr)
-    return list(report.warnings)
+    last = report.outcome.last if report.outcome is not None else None
+    return list(report.warnings), (last.used_mib if last is not None else None)
 
 
 def with_loader(
@@ -155,19 +177,29 @@ def exec_plan(
     *,
     gate: GatePolicy | None,
     loader: str = "auto",
+    replan: Callable[[int], ServePlan] | None = None,
 ) -> None:
     """Run the pre-flight checks, gate with ``gate`` (None: no gate), print the plan's
-    warnings, then become vLLM."""
+    warnings, then become vLLM.
+
+    ``replan`` re-resolves the plan with the MiB the gate measured in use (gotcha 31: a
+    pinned pool is lowered by other processes' memory, or refused when it then cannot hold
+    one request); without it the plan stays as resolved."""
+    check_environment(plan, caps, os.environ)
     check_models(plan, caps)
-    warnings = list(plan.warnings)
     if gate is not None:
-        warnings += gate_gpu(plan, gate)
+        gate_warnings, used_mib = gate_gpu(plan, gate)
+        if replan is not None and used_mib is not None:
+            plan = replan(used_mib)
+        warnings = [*plan.warnings, *gate_warnings]
+    else:
+        warnings = list(plan.warnings)
     plan, reason = with_loader(plan, caps, loader)
     if reason:
         warnings.append(reason)
-    env = child_env(plan, os.environ)
     for w in warnings:
         print(f"qwen3090: warning: {w}", file=sys.stderr)
+    env = child_env(plan, os.environ)
     print("qwen3090: exec " + " ".join(plan.argv), file=sys.stderr, flush=True)
     sys.stdout.flush()
     os.execvpe(plan.argv[0], list(plan.argv), env)

@@ -239,6 +239,10 @@ class Settings:
     cg: int | None = knob(
         "largest CUDA-graph capture size (profile default; dflash2: MAX_SEQS*(k+1) capped at "
         "64, a cap an explicit CG lifts, gotcha 34)", whole(1, 4096))
+    graph_mem_mib: int | None = knob(
+        "dflash2: MiB of CUDA-graph memory the V2 runner reserves beside the pool, "
+        "VLLM_V2_CUDAGRAPH_MEM_MIB (default by k: 1400 up to 7, 1900 up to 15, then the "
+        "measured growth, gotcha 25; a patch)", whole(0, 24576))
     gpu_util: float | None = knob(
         "--gpu-memory-utilization when the pool is not pinned in bytes (0.93 single-user; "
         "batch by KV)", FRACTION)

@@ -76,17 +76,29 @@ def gate_policy(args: argparse.Namespace) -> GatePolicy | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qwen3090.commands.plan import plan_from_args
-    from qwen3090.plan import describe
-    from qwen3090.serve import check_models, exec_plan, with_loader
+    import os
+    from dataclasses import replace
 
-    plan, caps = plan_from_args(args)
+    from qwen3090.commands.plan import capabilities_from, detect_facts
+    from qwen3090.knobs import cli_values, load_settings
+    from qwen3090.plan import describe, resolve
+    from qwen3090.serve import check_environment, check_models, exec_plan, with_loader
+
+    settings = load_settings(config=args.config, environ=os.environ, cli=cli_values(args))
+    caps = capabilities_from(args)
+    facts = detect_facts()
+    plan = resolve(settings, caps, facts)
     if args.dry_run:
+        check_environment(plan, caps, os.environ)
         check_models(plan, caps)
         plan, reason = with_loader(plan, caps, args.load_streamer)
         print(describe(plan))
         if reason:
             print(f"loader: {reason}")
         return 0
-    exec_plan(plan, caps, gate=gate_policy(args), loader=args.load_streamer)
+    exec_plan(
+        plan, caps, gate=gate_policy(args), loader=args.load_streamer,
+        # The gate measures the card; the plan is resolved again with that reading.
+        replan=lambda used_mib: resolve(settings, caps, replace(facts, foreign_gpu_mib=used_mib)),
+    )
     return 0  # not reached: exec replaced this process

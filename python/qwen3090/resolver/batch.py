@@ -9,7 +9,7 @@ from qwen3090.resolver.common import cache_row, int8, kv_mem_warnings
 from qwen3090.settings import Settings
 
 SINGLE_USER_KNOBS = ("SPEC", "CTX", "DFLASH_TOKENS", "DRAFT_TOKENS", "DFLASH_MAX_LEN", "DRAFT",
-                     "LOOKUP", "LOOKUP_ADAPTIVE", "SPEC_ATTN", "DRAFT_SAMPLE")
+                     "LOOKUP", "LOOKUP_ADAPTIVE", "SPEC_ATTN", "DRAFT_SAMPLE", "GRAPH_MEM_MIB")
 
 
 def batch(settings: Settings, facts: PlatformFacts, b: PlanBuilder, gate: CapabilityGate) -> None:

@@ -33,7 +33,8 @@ class PlatformFacts:
     wsl2: bool = False
     """Running under WSL2 (gotchas 3, 35, 53)."""
     foreign_gpu_mib: int | None = None
-    """GPU memory other processes hold now; None when unknown (gotcha 31)."""
+    """MiB in use on the server's card before it starts (the gate's reading, the driver's own
+    share included; ``serve`` fills it); None when unknown (gotcha 31)."""
     api_key_env: bool = False
     """``$VLLM_API_KEY`` is set (authentication without a key file)."""
     cwd: Path = field(default_factory=Path.cwd)

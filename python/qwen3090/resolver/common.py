@@ -122,7 +122,7 @@ def int8(settings: Settings, b: PlanBuilder, gate: CapabilityGate, *, default_on
 
 
 def kv_mem_warnings(s: Settings, facts: PlatformFacts, b: PlanBuilder, default: int) -> None:
-    """A pinned pool above the profile default, or beside other processes' GPU memory."""
+    """A pinned pool above the profile default (other processes' memory: ``memory``)."""
     if b.kv_mem is None:
         return
     if s.kv_mem is not None and s.kv_mem != "" and s.kv_mem > default:
@@ -135,13 +135,6 @@ def kv_mem_warnings(s: Settings, facts: PlatformFacts, b: PlanBuilder, default: 
             f"KV_MEM={s.kv_mem} is above the profile default {default}: the engine needs "
             "non-KV headroom for its first real batch; past it the server boots and dies on a "
             f"real request (gotcha 35).{loud}"
-        )
-    if facts.foreign_gpu_mib:
-        b.warnings.append(
-            f"KV_MEM pins the pool at {b.kv_mem} bytes while other processes hold "
-            f"{facts.foreign_gpu_mib} MiB of the GPU: the pin assumes a headless card; the "
-            "server boots and dies later on a real request (gotcha 31). Lower KV_MEM by what "
-            "they hold, or set KV_MEM= empty to size the pool from GPU_UTIL"
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from qwen3090 import profiles as P
 from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
 from qwen3090.resolver.capgate import CapabilityGate
@@ -24,22 +26,50 @@ def dflash2(
     b.max_seqs = s.max_seqs or row.max_seqs
     b.max_len = s.dflash_max_len or s.max_len or row.max_len
     b.kv_mem = row.kv_mem if s.kv_mem is None else (s.kv_mem or None)
-    gate.admit_env("VLLM_V2_CUDAGRAPH_MEM_MIB", str(row.v2_cudagraph_mem_mib), knob=None,
-                   explicit=False)
+    graph_mem = graph_mem_mib(k, row)
+    if s.graph_mem_mib is not None:
+        graph_mem = s.graph_mem_mib
+        if s.graph_mem_mib < graph_mem_mib(k, row):
+            b.warnings.append(
+                f"GRAPH_MEM_MIB={s.graph_mem_mib} (from {s.source('GRAPH_MEM_MIB')}) is below "
+                f"the {graph_mem_mib(k, row)} MiB default for DFLASH_TOKENS={k}: the server "
+                "starts, reports a healthy pool and dies on the first prefill (gotcha 25)"
+            )
+    gate.admit_env("VLLM_V2_CUDAGRAPH_MEM_MIB", str(graph_mem), knob="GRAPH_MEM_MIB",
+                   explicit=s.given("GRAPH_MEM_MIB"))
     if s.cg is not None:
         b.cg = s.cg
-        if s.cg > P.DFLASH_CG_CAP:
+        if s.cg > P.DFLASH_CG_CAP and not s.given("GRAPH_MEM_MIB"):
             b.warnings.append(
                 f"CG={s.cg} > {P.DFLASH_CG_CAP}: VLLM_V2_CUDAGRAPH_MEM_MIB reserves graph "
                 "memory for 64 query tokens; a larger capture boots, answers /health and "
-                "dies on the first concurrent batch (gotcha 34). Raise "
-                "VLLM_V2_CUDAGRAPH_MEM_MIB with it"
+                "dies on the first concurrent batch (gotcha 34). Raise GRAPH_MEM_MIB "
+                "(--graph-mem-mib) with it"
             )
     else:
         b.cg = min(b.max_seqs * (k + 1), P.DFLASH_CG_CAP)
     b.warnings += no_effect(s, ("DRAFT_TOKENS", "DRAFT_SAMPLE"), "they set the mtp "
                             "speculator; SPEC=dflash2")
     return row.kv_mem
+
+
+def graph_mem_mib(k: int, row: P.DflashRow) -> int:
+    """The default GRAPH_MEM_MIB for block length ``k``: the row's figure up to k = 15, then
+    the measured growth (gotcha 25) plus the margin the row keeps at 15, rounded up."""
+    points = P.V2_GRAPH_MEM_MEASURED_MIB
+    first_k, first_mib = points[0]
+    if k <= first_k:
+        return row.v2_cudagraph_mem_mib
+    margin = max(0, P.V2_CUDAGRAPH_MEM_MIB_LONG - first_mib)
+    lower, upper = points[-2], points[-1]
+    for a, c in pairwise(points):
+        if k <= c[0]:
+            lower, upper = a, c
+            break
+    slope = (upper[1] - lower[1]) / (upper[0] - lower[0])
+    measured = lower[1] + slope * (k - lower[0])
+    step = P.V2_GRAPH_MEM_ROUND_MIB
+    return int(-(-(measured + margin) // step) * step)
 
 
 def _lookup(s: Settings, b: PlanBuilder, gate: CapabilityGate, k: int, ctx: Ctx) -> None:

@@ -10,7 +10,8 @@ from qwen3090 import profiles as P
 from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
 from qwen3090.resolver.builder import PlanBuilder, PlatformFacts
-from qwen3090.resolver.serveplan import Launcher, MemoryEstimate, ServePlan
+from qwen3090.resolver.memory import estimate
+from qwen3090.resolver.serveplan import Launcher, ServePlan
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -78,14 +79,6 @@ def _extra_args_warnings(b: PlanBuilder, emitted: list[str]) -> None:
             b.warnings.append(f"EXTRA_ARGS overrides the plan's {name} (the last one wins)")
 
 
-def _memory(b: PlanBuilder) -> MemoryEstimate:
-    per_token = P.KV_BYTES_PER_TOKEN.get(b.kv_cache_dtype or "auto", 65536)
-    fixed = P.REQUEST_FIXED_BYTES_PER_SLOT * (b.num_spec_tokens + 2)
-    request = per_token * b.max_len + fixed
-    fits = round(b.kv_mem / request, 2) if b.kv_mem else None
-    return MemoryEstimate(per_token, fixed, request, b.kv_mem, fits)
-
-
 def _launcher(args: list[str], caps: Capabilities, facts: PlatformFacts) -> Launcher:
     """``vllm serve`` where it runs: the ``vllm`` distribution exists, or a patch fixed the CPU
     build's metadata lookup; else the API server module, which serves one API process."""
@@ -124,6 +117,6 @@ def finish(b: PlanBuilder, caps: Capabilities, facts: PlatformFacts) -> ServePla
     return ServePlan(
         profile=b.profile, device=b.device, model=b.model, draft=b.drafter,
         vllm_args=tuple(args), env=dict(b.env), warnings=tuple(b.warnings),
-        memory=_memory(b), port=b.port, host=b.host, api_key_file=b.api_key_file,
+        memory=estimate(b), port=b.port, host=b.host, api_key_file=b.api_key_file,
         launcher=_launcher(args, caps, facts), python=facts.python,
     )

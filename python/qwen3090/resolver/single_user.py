@@ -65,7 +65,8 @@ def _mtp_or_off(s: Settings, b: PlanBuilder, spec: Spec, ctx: Ctx) -> None:
     if s.async_sched is not None:
         b.async_scheduling = s.async_sched
     b.warnings += no_effect(
-        s, ("DFLASH_TOKENS", "DFLASH_MAX_LEN", "DRAFT", "LOOKUP", "LOOKUP_ADAPTIVE"),
+        s, ("DFLASH_TOKENS", "DFLASH_MAX_LEN", "DRAFT", "LOOKUP", "LOOKUP_ADAPTIVE",
+            "GRAPH_MEM_MIB"),
         f"they set the dflash2 speculator; SPEC={spec}",
     )
 

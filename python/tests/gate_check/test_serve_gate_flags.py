@@ -148,3 +148,62 @@ def test_serve_without_a_gpu_suggests_serves_flags(
     assert "no NVIDIA GPU found" in done.stderr
     assert "--device cpu" in done.stderr
     assert _names_gate_command_flags(done.stderr) == [], done.stderr
+
+
+# ---- issue 19: the environment is checked before the GPU, the gate's reading feeds the plan --
+
+
+def _smi_that_must_not_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A bin dir whose ``nvidia-smi`` leaves a marker file and fails: any call is a touch."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    marker = tmp_path / "smi-was-called"
+    script = bindir / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\ntouch '{marker}'\nexit 9\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return bindir, marker
+
+
+def test_serve_refuses_a_variable_nothing_reads_before_the_gpu(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    bindir, marker = _smi_that_must_not_run(tmp_path)
+    done = _serve(bindir, demo_model_dir, tmp_path,
+                  extra_env={"VLLM_DFLASH2_LOOKUP": "1", "VLLM_V2_CUDAGRAPH_MEM_MIB": "2600"})
+    assert done.returncode == 2, done.stderr
+    assert "VLLM_DFLASH2_LOOKUP='1'" in done.stderr and "through LOOKUP" in done.stderr
+    assert "VLLM_V2_CUDAGRAPH_MEM_MIB='2600'" in done.stderr
+    assert "GRAPH_MEM_MIB" in done.stderr
+    assert not marker.exists(), "serve read the GPU before refusing its environment"
+    assert "exec" not in done.stderr
+
+
+# A pinned mtp pool of the dflash2 default holds 1.13 requests of 65536 tokens on a headless
+# card (gotcha 25's model); what the gate reads beyond the baseline comes out of it.
+PINNED_MTP = {"KV_MEM": "5583457484", "MAX_LEN": "65536"}
+
+
+def test_serve_lowers_a_pinned_pool_by_what_the_gate_measured(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    bindir = _fake_smi(tmp_path, 700)
+    done = _serve(bindir, demo_model_dir, tmp_path, "--gate-timeout", "30",
+                  extra_env={**PINNED_MTP, "API_KEY_FILE": str(tmp_path / "no-key")})
+    assert "700 of 24576 MiB used" in done.stderr
+    assert "lowered by 188 MiB, from 5583457484 to 5386325196 bytes" in done.stderr
+    # The missing key file stops serve after the plan was redone and before vLLM is exec'd.
+    assert "cannot read the API key file" in done.stderr
+    assert done.returncode == 2
+
+
+def test_serve_refuses_a_pool_the_measured_memory_leaves_too_small(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    bindir = _fake_smi(tmp_path, 1300)
+    # The missing key file keeps vLLM from starting should the refusal ever go missing.
+    done = _serve(bindir, demo_model_dir, tmp_path, "--gate-timeout", "30",
+                  extra_env={**PINNED_MTP, "API_KEY_FILE": str(tmp_path / "no-key")})
+    assert done.returncode == 2, done.stderr
+    assert "1300 of 24576 MiB used" in done.stderr  # the gate ran and passed ...
+    assert "other processes' GPU memory was taken out of it" in done.stderr  # ... then refused
+    assert "exec" not in done.stderr

@@ -175,9 +175,11 @@ def test_warn_kv_mem_above_default_loudly_on_wsl2(tmp_path: Path) -> None:
 
 
 def test_warn_kv_mem_pinned_with_foreign_gpu_memory(tmp_path: Path) -> None:
-    busy = PlatformFacts(foreign_gpu_mib=1300)
-    assert _warned(plan_for({"SPEC": "dflash2"}, facts=busy, cwd=tmp_path).warnings,
-                   "1300 MiB", "gotcha 31")
+    # The pool is lowered by what others hold (tests/spine/test_memory_rules.py has the
+    # refusal when it then cannot hold one request); an unpinned pool is vLLM's to size.
+    busy = PlatformFacts(foreign_gpu_mib=800)
+    pinned = plan_for({"SPEC": "dflash2"}, facts=busy, cwd=tmp_path)
+    assert _warned(pinned.warnings, "800 MiB in use", "gotcha 31")
     assert not _warned(plan_for({}, facts=busy, cwd=tmp_path).warnings, "gotcha 31")
 
 
