@@ -335,6 +335,35 @@ def check_hopper_compile_failure(
         ws.hopper = saved[1]
 
 
+def check_decline_is_loud(
+    ta_mod: Any, heads: int, hs: int, scale: float, kvh: int, qmax: int
+) -> dict[str, Any]:
+    """An int8 per-token-head cache with the path asked for: no split-KV object, and a
+    warning on vLLM's logger naming the backend and the cache dtype."""
+    import logging
+
+    seen: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                seen.append(record.getMessage())
+
+    handler = Capture()
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        os.environ["VLLM_SPEC_DECODE_ATTN"] = "1"
+        os.environ["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(qmax)
+        impl = ta_mod.TritonAttentionImpl(
+            num_heads=heads, head_size=hs, scale=scale, num_kv_heads=kvh,
+            alibi_slopes=None, sliding_window=None, kv_cache_dtype="int8_per_token_head",
+        )
+    finally:
+        logging.getLogger("vllm").removeHandler(handler)
+    return {"created": impl.spec_decode_attn is not None,
+            "warnings": [m for m in seen if "spec-decode attention" in m]}
+
+
 def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     """Through TritonAttentionImpl / FlashAttentionImpl.forward: env on takes the split-KV
     kernel (3-D grid), env off takes stock unified_attention (2-D grid), both match the
@@ -495,6 +524,7 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     )
     impl_off = make_impl("triton", False)
     checks["triton/off_created"] = impl_off.spec_decode_attn is not None
+    checks["triton/int8_kv"] = check_decline_is_loud(ta_mod, heads, hs, scale, kvh, qmax)
     row, grids = run(impl_off, "triton", verify)
     checks["triton/verify_off"] = {**row, "launches": grids}
 

@@ -120,6 +120,16 @@ def test_triton_backend_dispatch(interp: dict[str, Any]) -> None:
 
 
 @pytest.mark.patch
+def test_a_cache_the_kernels_cannot_read_is_declined_aloud(interp: dict[str, Any]) -> None:
+    # Issue 21: int8 per-token-head KV with VLLM_SPEC_DECODE_ATTN=1 takes the stock path,
+    # and startup says so at warning level, naming the backend and the dtype.
+    entry = interp["dispatch"]["triton/int8_kv"]
+    assert not entry["created"], entry
+    assert any("TRITON_ATTN" in w and "int8_per_token_head" in w
+               for w in entry["warnings"]), entry
+
+
+@pytest.mark.patch
 def test_flash_backend_dispatch(interp: dict[str, Any]) -> None:
     d = interp["dispatch"]
     assert d["flash/created"]
