@@ -106,9 +106,10 @@ EMITTED: tuple[Emitted, ...] = (
     Emitted("env", "VLLM_MARLIN_INPUT_DTYPE", None, "Marlin int8/fp8 activations",
             gpu_only=True),
     Emitted("env", "VLLM_MARLIN_INT8_INCLUDE_RE", "int8-layer-select",
-            "int8 activations on a chosen set of layers (gotcha 16)", None,
-            "INT8_LAYERS=. (every layer, what stock vLLM does; GPU_UTIL at most 0.95) or "
-            "INT8_ACT= (empty: int8 activations off)", gpu_only=True),
+            "int8 activations on a chosen set of layers (gotcha 16)", "int8-layer-select.patch",
+            "INT8_LAYERS=. (every layer, what stock vLLM does for GPTQ/AWQ checkpoints, though "
+            "it gives an auto-round one none; GPU_UTIL at most 0.95) or INT8_ACT= (empty: int8 "
+            "activations off)", gpu_only=True),
     Emitted("env", "VLLM_DFLASH2_LOOKUP", "dflash2-lookup", "DFlash2 lookup drafting", None,
             "LOOKUP=0", gpu_only=True),
     Emitted("env", "VLLM_DFLASH2_LOOKUP_ADAPTIVE", "dflash2-lookup",

@@ -6,6 +6,7 @@ from qwen3090 import profiles as P
 from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
 from qwen3090.resolver.capgate import CapabilityGate
 from qwen3090.resolver.common import cache_row, int8, kv_mem_warnings
+from qwen3090.resolver.int8_layers import check_int8_layers
 from qwen3090.settings import Settings
 
 SINGLE_USER_KNOBS = ("SPEC", "CTX", "DFLASH_TOKENS", "DRAFT_TOKENS", "DFLASH_MAX_LEN", "DRAFT",
@@ -28,3 +29,4 @@ def batch(settings: Settings, facts: PlatformFacts, b: PlanBuilder, gate: Capabi
     b.warnings += no_effect(s, SINGLE_USER_KNOBS, "the batch profile runs no speculator")
     kv_mem_warnings(s, facts, b, P.KV_MEM_DEFAULT)
     int8(s, b, gate, default_on=True)
+    check_int8_layers(s, b)

@@ -10,6 +10,7 @@ from qwen3090.resolver.capgate import CapabilityGate
 from qwen3090.resolver.common import cache_row, int8, kv_mem_warnings
 from qwen3090.resolver.cudagraph import cudagraph_rules
 from qwen3090.resolver.dflash2 import dflash2
+from qwen3090.resolver.int8_layers import check_int8_layers
 from qwen3090.settings import Ctx, Settings, Spec
 
 
@@ -42,6 +43,7 @@ def single_user(
             "empty to size it from GPU_UTIL)"
         )
     int8(s, b, gate, default_on=False)
+    check_int8_layers(s, b)
 
 
 def _mtp_or_off(s: Settings, b: PlanBuilder, spec: Spec, ctx: Ctx) -> None:
