@@ -41,7 +41,7 @@ LOG_PATTERNS = {
     "kv_groups": r"KV cache group|kv_cache_groups|hybrid|block_size|page size",
     "spec": r"[Ss]peculative|MTP|mtp|acceptance|Drafter|drafter",
     "spec_decode_attention": r"spec-decode attention",
-    "probe": r"^gpue2e-probe: ",
+    "probe": r"gpue2e-probe: ",
     "errors": r"Traceback|Error|error:|RuntimeError|ImportError|ModuleNotFound",
 }
 KEEP_PER_PATTERN = 12
@@ -106,12 +106,18 @@ def metric(text: str, name: str) -> float | None:
     return sum(values) if values else None
 
 
-def scan_log(path: Path) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {k: [] for k in LOG_PATTERNS}
+def last_life(path: Path) -> list[str]:
+    """The log lines of the last server life in ``path`` (from its last ``qwen3090: exec``)."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
-        return found
+        return []
+    starts = [i for i, line in enumerate(lines) if line.startswith("qwen3090: exec ")]
+    return lines[starts[-1]:] if starts else lines
+
+
+def scan_log(lines: list[str]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {k: [] for k in LOG_PATTERNS}
     for line in lines:
         for key, pattern in LOG_PATTERNS.items():
             if len(found[key]) < KEEP_PER_PATTERN and re.search(pattern, line):
@@ -119,11 +125,68 @@ def scan_log(path: Path) -> dict[str, list[str]]:
     return found
 
 
-def log_tail(path: Path, n: int = 60) -> list[str]:
-    try:
-        return [line[:600] for line in path.read_text(errors="replace").splitlines()[-n:]]
-    except OSError:
-        return []
+# An exception line of a traceback; the generic "it failed" lines vLLM adds after the root
+# cause are not the wall.
+_EXC = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+_GENERIC = (
+    "Engine core initialization failed", "validation error for", "Error raised in subprocess"
+)
+
+
+def find_wall(lines: list[str]) -> dict[str, str] | None:
+    """The first root-cause exception of the server life, with the vLLM frame nearest to it."""
+    frame = ""
+    for line in lines:
+        if " WARNING " in line:
+            continue
+        m_frame = re.search(r'File "([^"]*/vllm/[^"]+)", line (\d+), in (\w+)', line)
+        if m_frame:
+            path = m_frame.group(1)
+            frame = f"{path[path.rindex('/vllm/') + 1:]}:{m_frame.group(2)} {m_frame.group(3)}"
+        m = _EXC.search(line)
+        if m and not any(g in line for g in _GENERIC):
+            return {"exception": m.group(1), "message": m.group(2)[:500], "frame": frame}
+    return None
+
+
+_POOL = {
+    "attention_block_size_tokens": (r"Setting attention block size to (\d+) tokens", int),
+    "mamba_page_padding_pct": (r"Padding mamba page size by ([\d.]+)%", float),
+    "kv_padding_layers": (r"Add (\d+) padding layers", int),
+    "kv_padding_max_waste_pct": (r"may waste at most ([\d.]+)% KV cache memory", float),
+    "cudagraph_profile_sizes": (r"Profiling CUDA graph memory: (.+)$", str),
+    "cudagraph_pool_memory": (r"CUDA graph pool memory: (.+)$", str),
+    "kv_available_gib": (r"Available KV cache memory: ([\d.]+) GiB", float),
+    "kv_cache_tokens": (r"GPU KV cache size: ([\d,]+) tokens", str),
+    "max_concurrency": (r"Maximum concurrency for .*: ([\d.]+)x", float),
+    "graph_capture": (r"Graph capturing finished in (.+)$", str),
+    "torch_compile_s": (r"torch\.compile took ([\d.]+) s in total", float),
+    "warmup_s": (r"Initial profiling/warmup run took ([\d.]+) s", float),
+    "spec_decode_attention_workspace": (r"spec-decode attention: (.+scratch.+)$", str),
+}
+
+
+def pool_numbers(lines: list[str]) -> dict[str, Any]:
+    """The sizing figures the engine logged (first occurrence of each)."""
+    out: dict[str, Any] = {}
+    for key, (pattern, kind) in _POOL.items():
+        for line in lines:
+            m = re.search(pattern, line)
+            if m:
+                out[key] = kind(m.group(1))
+                break
+    out["attention_backends"] = [
+        m.group(1) for line in lines
+        for m in [re.search(r"Using (?:AttentionBackendEnum\.)?(\w+)(?: attention)? backend", line)]
+        if m
+    ]
+    return out
+
+
+def describe_log(lines: list[str]) -> dict[str, Any]:
+    """What the record keeps of one server life's log."""
+    return {"log": scan_log(lines), "log_tail": [line[:600] for line in lines[-60:]],
+            "wall": find_wall(lines), "pool": pool_numbers(lines)}
 
 
 def exercise(rec: Attempt, base: str, key: str, spec: str) -> None:
@@ -230,6 +293,7 @@ def serve_once(
     argv = [sys.executable, "-m", "qwen3090", "serve", "--no-gate"]
     rec.set("serve", {"spec": spec, "argv": argv,
                       "knobs": {k: env[k] for k in ("PREFIX_CACHE", "SPEC", "EXTRA_ARGS")}})
+    log_path.unlink(missing_ok=True)  # a warm machine keeps the last call's files
     server = start_server(argv, env, PORT, log_path)
     healthy = False
     try:
@@ -252,8 +316,8 @@ def serve_once(
         t = time.monotonic()
         code = server.stop(grace_s=45)
         rec.set("sigint", {"exit_code": code, "seconds": round(time.monotonic() - t, 1)})
-        rec.set("log", scan_log(log_path))
-        rec.set("log_tail", log_tail(log_path))
+        for key, value in describe_log(last_life(log_path)).items():
+            rec.set(key, value)
     return healthy
 
 
@@ -266,19 +330,35 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=420)
     p.add_argument("--boot-timeout-s", type=float, default=300)
     p.add_argument("--base", type=Path, help="a JSON object to start the record from")
+    p.add_argument("--rescan", type=Path, metavar="LOG",
+                   help="only re-read LOG (a returned server log) into the last attempt of --out")
     args = p.parse_args()
+    if args.rescan:
+        data = json.loads(args.out.read_text())
+        data["attempts"][-1].update(describe_log(last_life(args.rescan)))
+        data["attempts"][-1]["rescanned_from"] = args.rescan.name
+        args.out.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        return 0
     deadline = time.monotonic() + args.budget_s
     base = json.loads(args.base.read_text()) if args.base and args.base.exists() else {}
     rec = Record(args.out, {**base, "started_unix": int(time.time())})
     # TRITON_ATTN: FlashAttention-3's kernels do not travel (see serve_on_device.sh); the
     # Triton GDN prefill kernel instead of FlashInfer's, which is not on the machine.
     extra = "--attention-backend TRITON_ATTN --gdn-prefill-backend triton"
+    if args.spec == "mtp":
+        # --attention-backend governs the target only: the MTP drafter chose FLASH_ATTN by
+        # itself on the H200 and called FlashAttention-3 (the first recorded run's wall).
+        # The plan's speculative config, with the drafter's backend named.
+        spec_cfg = json.dumps({"method": "mtp", "num_speculative_tokens": 4,
+                               "draft_sample_method": "probabilistic",
+                               "attention_backend": "TRITON_ATTN"})
+        extra += f" --speculative-config '{spec_cfg}'"
     if serve_once(args, args.spec, extra, deadline, rec.attempt(f"spec={args.spec}")):
         rec.set("finished_unix", int(time.time()))
         return 0
     # The furthest working step: retry once, around what stopped the first start.
     first = rec.data["attempts"][0]
-    error = json.dumps(first.get("health", {})) + "\n".join(first.get("log_tail", []))
+    error = json.dumps(first.get("wall")) + "\n".join(first.get("log_tail", []))
     if deadline - time.monotonic() < 150:
         rec.set("finished_unix", int(time.time()))
         return 0

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The patched vLLM serving on the lent GPU machine: the one command of the end-to-end GPU tier.
+# The patched vLLM serving on the lent GPU machine: the command of the end-to-end GPU tier.
 #
-#   bash .device/gpue2e/serve_on_device.sh            (repo root; $OUT set by the device tool)
-#
-# Reads the bundle serve_bundle.py staged (BUNDLE, default .device/gpue2e; the compiled core,
-# too large to travel with the rest, may sit in SO_DIR from an earlier call on the same warm
-# machine), unpacks it, serves the demo model through `qwen3090 serve` with CUDA graphs and
-# writes $OUT/result.json (exercise_server.py) plus the server log. Also runs here, without a
-# GPU, as a dry run (DRY=1): unpack, import checks, the serve plan; no server.
+# The bundle (serve_bundle.py) travels in two device calls, because the compiled core alone
+# is 57 MB compressed and a call carries 64 MiB: the second call must come while the machine
+# is still warm (30 s after the first returns), so that what the first unpacked is still there.
+#   call 1, carry [".device/gpue2e-so"]:
+#     mkdir -p /tmp/gpue2e-run/tree && tar -xJf .device/gpue2e-so/so-core.tar.xz -C /tmp/gpue2e-run/tree
+#   call 2, carry [".device/gpue2e"], timeout ~470 s:
+#     BUDGET_S=390 bash .device/gpue2e/serve_on_device.sh
+# It unpacks the rest, records the machine and the imports, adds the MTP head to the demo
+# model, serves it through `qwen3090 serve` with CUDA graphs (exercise_server.py) and writes
+# $OUT/result.json plus each server life's log. DRY=1 runs it here without a GPU: unpack,
+# import checks, the serve plan; no server.
 set -u -o pipefail
 ROOT=$(pwd)
 BUNDLE=${BUNDLE:-$ROOT/.device/gpue2e}
