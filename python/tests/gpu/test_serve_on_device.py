@@ -43,7 +43,8 @@ def record() -> dict[str, Any]:
 
 def _served(record: dict[str, Any]) -> dict[str, Any]:
     """The first attempt that became healthy; skips with the first attempt's wall if none."""
-    for attempt in record["attempts"]:
+    attempts: list[dict[str, Any]] = record["attempts"]
+    for attempt in attempts:
         if attempt.get("health", {}).get("ok"):
             return attempt
     wall = record["attempts"][0].get("wall")
