@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""Serve the demo model through ``qwen3090 serve`` on the GPU and exercise it; write a JSON record.
+
+    python3 exercise_server.py --model DIR --out RESULT.json --log SERVER.log \
+        --spec mtp --budget-s 420 [--boot-timeout-s 300]
+
+Run by serve_on_device.sh on the lent machine (see there for the environment). The server is
+started the way a user starts it: the knobs as environment variables, ``qwen3090 serve``. Each
+step adds its findings to the record, which is rewritten after every step, so a run cut short
+still says how far it got. Nothing here asserts: test_serve_on_device.py reads the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+SERVED = "qwen3.8-27b"
+PORT = 18031
+# The server's own log lines the record keeps (first matches, in order).
+LOG_PATTERNS = {
+    "exec": r"^qwen3090: exec ",
+    "platform": r"Automatically detected platform|platform cuda",
+    "attention_backend": r"Using (AttentionBackendEnum\.)?\w+ backend|attention backend",
+    "gdn": r"GDN|gdn_prefill|Gated ?DeltaNet",
+    "kv_available": r"Available KV cache memory",
+    "kv_size": r"GPU KV cache size",
+    "concurrency": r"Maximum concurrency",
+    "cudagraph_profile": r"CUDA graph memory profiling|cudagraph memory|CUDA graph pool memory",
+    "graph_capture": r"Capturing CUDA graphs|Graph capturing finished|cudagraph",
+    "kv_groups": r"KV cache group|kv_cache_groups|hybrid|block_size|page size",
+    "spec": r"[Ss]peculative|MTP|mtp|acceptance|Drafter|drafter",
+    "spec_decode_attention": r"spec-decode attention",
+    "probe": r"gpue2e-probe: ",
+    "errors": r"Traceback|Error|error:|RuntimeError|ImportError|ModuleNotFound",
+}
+KEEP_PER_PATTERN = 12
+
+
+def log(msg: str) -> None:
+    print(f"exercise: {msg}", file=sys.stderr, flush=True)
+
+
+class Record:
+    """The JSON record, rewritten on every change."""
+
+    def __init__(self, path: Path, base: dict[str, Any]) -> None:
+        self.path = path
+        self.data: dict[str, Any] = base
+        self.save()
+
+    def set(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        self.save()
+
+    def attempt(self, label: str) -> Attempt:
+        self.data.setdefault("attempts", []).append({"label": label})
+        self.save()
+        return Attempt(self, self.data["attempts"][-1])
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.replace(self.path)
+
+
+class Attempt:
+    """One server life's part of the record."""
+
+    def __init__(self, record: Record, data: dict[str, Any]) -> None:
+        self.record = record
+        self.data = data
+
+    def set(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        self.record.save()
+
+
+
+def request(base: str, path: str, body: dict[str, Any] | None, key: str,
+            timeout: float = 120) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read().decode()
+            return int(resp.status), json.loads(raw) if raw.startswith(("{", "[")) else raw
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read().decode(errors="replace")[-4000:]
+
+
+def metric(text: str, name: str) -> float | None:
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith((name + "{", name + " "))]
+    return sum(values) if values else None
+
+
+def last_life(path: Path) -> list[str]:
+    """The log lines of the last server life in ``path`` (from its last ``qwen3090: exec``)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    starts = [i for i, line in enumerate(lines) if line.startswith("qwen3090: exec ")]
+    return lines[starts[-1]:] if starts else lines
+
+
+def scan_log(lines: list[str]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {k: [] for k in LOG_PATTERNS}
+    for line in lines:
+        for key, pattern in LOG_PATTERNS.items():
+            if len(found[key]) < KEEP_PER_PATTERN and re.search(pattern, line):
+                found[key].append(line[:600])
+    return found
+
+
+# An exception line of a traceback; the generic "it failed" lines vLLM adds after the root
+# cause are not the wall.
+_EXC = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+_GENERIC = (
+    "Engine core initialization failed", "validation error for", "Error raised in subprocess"
+)
+
+
+def find_wall(lines: list[str]) -> dict[str, str] | None:
+    """The first root-cause exception of the server life, with the vLLM frame nearest to it."""
+    frame = ""
+    for line in lines:
+        if " WARNING " in line:
+            continue
+        m_frame = re.search(r'File "([^"]*/vllm/[^"]+)", line (\d+), in (\w+)', line)
+        if m_frame:
+            path = m_frame.group(1)
+            frame = f"{path[path.rindex('/vllm/') + 1:]}:{m_frame.group(2)} {m_frame.group(3)}"
+        m = _EXC.search(line)
+        if m and not any(g in line for g in _GENERIC):
+            return {"exception": m.group(1), "message": m.group(2)[:500], "frame": frame}
+    return None
+
+
+_POOL = {
+    "attention_block_size_tokens": (r"Setting attention block size to (\d+) tokens", int),
+    "mamba_page_padding_pct": (r"Padding mamba page size by ([\d.]+)%", float),
+    "kv_padding_layers": (r"Add (\d+) padding layers", int),
+    "kv_padding_max_waste_pct": (r"may waste at most ([\d.]+)% KV cache memory", float),
+    "cudagraph_profile_sizes": (r"Profiling CUDA graph memory: (.+)$", str),
+    "cudagraph_pool_memory": (r"CUDA graph pool memory: (.+)$", str),
+    "kv_available_gib": (r"Available KV cache memory: ([\d.]+) GiB", float),
+    "kv_cache_tokens": (r"GPU KV cache size: ([\d,]+) tokens", str),
+    "max_concurrency": (r"Maximum concurrency for .*: ([\d.]+)x", float),
+    "graph_capture": (r"Graph capturing finished in (.+)$", str),
+    "torch_compile_s": (r"torch\.compile took ([\d.]+) s in total", float),
+    "warmup_s": (r"Initial profiling/warmup run took ([\d.]+) s", float),
+    "spec_decode_attention_workspace": (r"spec-decode attention: (.+scratch.+)$", str),
+}
+
+
+def pool_numbers(lines: list[str]) -> dict[str, Any]:
+    """The sizing figures the engine logged (first occurrence of each)."""
+    out: dict[str, Any] = {}
+    for key, (pattern, kind) in _POOL.items():
+        for line in lines:
+            m = re.search(pattern, line)
+            if m:
+                out[key] = kind(m.group(1))
+                break
+    out["attention_backends"] = [
+        m.group(1) for line in lines
+        for m in [re.search(r"Using (?:AttentionBackendEnum\.)?(\w+)(?: attention)? backend", line)]
+        if m
+    ]
+    return out
+
+
+def describe_log(lines: list[str]) -> dict[str, Any]:
+    """What the record keeps of one server life's log."""
+    return {"log": scan_log(lines), "log_tail": [line[:600] for line in lines[-60:]],
+            "wall": find_wall(lines), "pool": pool_numbers(lines)}
+
+
+def exercise(rec: Attempt, base: str, key: str, spec: str) -> None:
+    """The client side: every step records what it saw; an exception stops the rest."""
+    from openai import OpenAI
+
+    status, models = request(base, "/v1/models", None, key)
+    rec.set("models", {"status": status,
+                       "ids": [m["id"] for m in models["data"]] if status == 200 else models})
+
+    client = OpenAI(base_url=base + "/v1", api_key=key, timeout=120)
+    chat = client.chat.completions.create(
+        model=SERVED, messages=[{"role": "user", "content": "Say hello to the river."}],
+        max_tokens=48, temperature=0,
+    )
+    msg = chat.choices[0].message
+    rec.set("chat", {
+        "ok": True,
+        "completion_tokens": chat.usage.completion_tokens if chat.usage else None,
+        "finish_reason": chat.choices[0].finish_reason,
+        "content_chars": len(msg.content or ""),
+        "reasoning_chars": len(getattr(msg, "reasoning", None) or ""),
+    })
+
+    _, before = request(base, "/metrics", None, key)
+    prompt = " ".join(f"line {i}: the river passes the garden bridge." for i in range(300))
+    body = {"model": SERVED, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 4, "temperature": 0}
+    s1, first = request(base, "/v1/chat/completions", body, key)
+    s2, second = request(base, "/v1/chat/completions", body, key)
+    _, after = request(base, "/metrics", None, key)
+    rec.set("prefix_cache", {
+        "status": [s1, s2],
+        "prompt_tokens": second["usage"]["prompt_tokens"] if s2 == 200 else None,
+        "cached_tokens": ((second["usage"].get("prompt_tokens_details") or {})
+                          .get("cached_tokens") if s2 == 200 else None),
+        "hits_metric_delta": _delta(before, after, "vllm:prefix_cache_hits_total"),
+        "queries_metric_delta": _delta(before, after, "vllm:prefix_cache_queries_total"),
+        "error": None if s1 == 200 and s2 == 200 else [first, second],
+    })
+
+    # Structured output under the speculator: the choice grammar terminates after one word,
+    # so every verify window that carries drafts past it exercises xgrammar-spec-terminated.
+    runs = []
+    for seed in range(6):
+        s, out = request(base, "/v1/chat/completions", {
+            "model": SERVED, "messages": [{"role": "user", "content": f"yes or no? ({seed})"}],
+            "max_tokens": 16, "temperature": 1.0, "seed": seed,
+            "structured_outputs": {"choice": ["yes", "no"]},
+            "chat_template_kwargs": {"enable_thinking": False},
+        }, key)
+        content = out["choices"][0]["message"].get("content") if s == 200 else None
+        runs.append({"status": s, "content": content,
+                     "finish_reason": out["choices"][0]["finish_reason"] if s == 200 else None,
+                     "error": None if s == 200 else str(out)[:800]})
+    s, out = request(base, "/v1/chat/completions", {
+        "model": SERVED, "messages": [{"role": "user", "content": "Give an answer object."}],
+        "max_tokens": 64, "temperature": 0,
+        "structured_outputs": {"disable_any_whitespace": True, "json": {
+            "type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+            "required": ["answer"], "additionalProperties": False}},
+        "chat_template_kwargs": {"enable_thinking": False},
+    }, key)
+    schema_run = {"status": s, "content": out["choices"][0]["message"].get("content")
+                  if s == 200 else None, "error": None if s == 200 else str(out)[:800]}
+    rec.set("structured_output", {"choice_runs": runs, "json_schema_run": schema_run})
+
+    # Decode-heavy requests, a few at once, so verify steps replay the captured graphs.
+    s, out = request(base, "/v1/completions", {
+        "model": SERVED, "prompt": ["The garden bridge", "A river", "Memory and cache"],
+        "max_tokens": 96, "temperature": 0, "ignore_eos": True,
+    }, key)
+    _, final = request(base, "/metrics", None, key)
+    rec.set("decode", {
+        "status": s,
+        "completion_tokens": out["usage"]["completion_tokens"] if s == 200 else None,
+        "error": None if s == 200 else str(out)[:800],
+        "spec_draft_tokens": metric(str(final), "vllm:spec_decode_num_draft_tokens_total"),
+        "spec_accepted_tokens": metric(str(final), "vllm:spec_decode_num_accepted_tokens_total"),
+        "spec_drafts": metric(str(final), "vllm:spec_decode_num_drafts_total"),
+        "spec": spec,
+    })
+
+
+def _delta(before: Any, after: Any, name: str) -> float | None:
+    a, b = metric(str(after), name), metric(str(before), name)
+    return None if a is None or b is None else a - b
+
+
+def serve_once(
+    args: argparse.Namespace, spec: str, extra: str, deadline: float, rec: Attempt
+) -> bool:
+    """One server life: start, exercise, SIGINT. Returns True when it became healthy."""
+    from qwen3090.localserver import start_server
+
+    key = "gpue2e-" + secrets.token_hex(6)
+    env = dict(os.environ)
+    env.update({
+        "MODEL": str(args.model), "PREFIX_CACHE": "1", "SPEC": spec, "PORT": str(PORT),
+        "VLLM_API_KEY": key,
+        "EXTRA_ARGS": extra,
+    })
+    log_path = Path(args.log).with_suffix(f".{len(rec.record.data['attempts'])}.log")
+    argv = [sys.executable, "-m", "qwen3090", "serve", "--no-gate"]
+    rec.set("serve", {"spec": spec, "argv": argv,
+                      "knobs": {k: env[k] for k in ("PREFIX_CACHE", "SPEC", "EXTRA_ARGS")}})
+    log_path.unlink(missing_ok=True)  # a warm machine keeps the last call's files
+    server = start_server(argv, env, PORT, log_path)
+    healthy = False
+    try:
+        boot_limit = min(args.boot_timeout_s, deadline - time.monotonic() - 60)
+        try:
+            boot = server.wait_healthy(boot_limit, poll_s=2.0)
+            healthy = True
+            rec.set("health", {"ok": True, "boot_seconds": round(boot, 1)})
+            log(f"healthy after {boot:.0f} s")
+        except Exception as exc:  # the wall: record exactly what stopped it
+            rec.set("health", {"ok": False, "error": str(exc)[-6000:]})
+            log(f"not healthy: {str(exc)[-400:]}")
+        if healthy:
+            try:
+                exercise(rec, server.base_url, key, spec)
+            except Exception:
+                rec.set("exercise_error", traceback.format_exc()[-4000:])
+                log("exercise failed:\n" + traceback.format_exc())
+    finally:
+        t = time.monotonic()
+        code = server.stop(grace_s=45)
+        rec.set("sigint", {"exit_code": code, "seconds": round(time.monotonic() - t, 1)})
+        for key, value in describe_log(last_life(log_path)).items():
+            rec.set(key, value)
+    return healthy
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--log", type=Path, required=True)
+    p.add_argument("--spec", default="mtp")
+    p.add_argument("--budget-s", type=float, default=420)
+    p.add_argument("--boot-timeout-s", type=float, default=300)
+    p.add_argument("--base", type=Path, help="a JSON object to start the record from")
+    p.add_argument("--rescan", type=Path, metavar="LOG",
+                   help="only re-read LOG (a returned server log) into the last attempt of --out")
+    args = p.parse_args()
+    if args.rescan:
+        data = json.loads(args.out.read_text())
+        data["attempts"][-1].update(describe_log(last_life(args.rescan)))
+        data["attempts"][-1]["rescanned_from"] = args.rescan.name
+        args.out.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        return 0
+    deadline = time.monotonic() + args.budget_s
+    base = json.loads(args.base.read_text()) if args.base and args.base.exists() else {}
+    rec = Record(args.out, {**base, "started_unix": int(time.time())})
+    # TRITON_ATTN: FlashAttention-3's kernels do not travel (see serve_on_device.sh); the
+    # Triton GDN prefill kernel instead of FlashInfer's, which is not on the machine.
+    extra = "--attention-backend TRITON_ATTN --gdn-prefill-backend triton"
+    if args.spec == "mtp":
+        # --attention-backend governs the target only: the MTP drafter chose FLASH_ATTN by
+        # itself on the H200 and called FlashAttention-3 (the first recorded run's wall).
+        # The plan's speculative config, with the drafter's backend named.
+        spec_cfg = json.dumps({"method": "mtp", "num_speculative_tokens": 4,
+                               "draft_sample_method": "probabilistic",
+                               "attention_backend": "TRITON_ATTN"})
+        extra += f" --speculative-config '{spec_cfg}'"
+    if serve_once(args, args.spec, extra, deadline, rec.attempt(f"spec={args.spec}")):
+        rec.set("finished_unix", int(time.time()))
+        return 0
+    # The furthest working step: retry once, around what stopped the first start.
+    first = rec.data["attempts"][0]
+    error = json.dumps(first.get("wall")) + "\n".join(first.get("log_tail", []))
+    if deadline - time.monotonic() < 150:
+        rec.set("finished_unix", int(time.time()))
+        return 0
+    if re.search(r"dynamo|inductor|BackendCompilerFailed", error):
+        # CUDA graphs without torch.compile: FULL decode graphs need no compiled pieces.
+        cc = json.dumps({"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                         "max_cudagraph_capture_size": 32,
+                         "custom_ops": ["+rms_norm", "+silu_and_mul"]})
+        serve_once(args, args.spec, f"{extra} --compilation-config '{cc}'", deadline,
+                   rec.attempt(f"spec={args.spec} compile-mode=0"))
+    elif args.spec != "off":
+        serve_once(args, "off", extra, deadline, rec.attempt("spec=off"))
+    rec.set("finished_unix", int(time.time()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""A counter for the spec-decode-attn patch, loaded by every Python process of the device run
+(this directory is put on PYTHONPATH by serve_on_device.sh; nothing else imports it).
+
+When vLLM imports ``vllm.v1.attention.ops.spec_decode_attention``, its
+``SpecDecodeAttention.forward`` (returns True when the patch's kernel took the call) is wrapped
+to count taken calls, split by whether the current CUDA stream was capturing a graph: a call
+taken while capturing is baked into that graph and runs on every replay, which is what the
+end-to-end tier must show. Lines go to stderr (the server log) as
+``gpue2e-probe: spec-decode-attn taken capturing=<bool> count=<n> kernel=<name>`` at counts
+1, 10, 100 and 1000 of each kind.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any
+
+TARGET = "vllm.v1.attention.ops.spec_decode_attention"
+REPORT_AT = (1, 10, 100, 1000)
+
+
+def _wrap(module: ModuleType) -> None:
+    import torch
+
+    cls = module.SpecDecodeAttention
+    original = cls.forward
+    counts: dict[bool, int] = {True: 0, False: 0}
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        taken = original(self, *args, **kwargs)
+        if taken:
+            capturing = bool(torch.cuda.is_current_stream_capturing())
+            counts[capturing] += 1
+            if counts[capturing] in REPORT_AT:
+                kernel = getattr(getattr(self, "last_plan", None), "kernel", None)
+                print(
+                    f"gpue2e-probe: spec-decode-attn taken capturing={capturing} "
+                    f"count={counts[capturing]} kernel={kernel}",
+                    file=sys.stderr, flush=True,
+                )
+        return taken
+
+    cls.forward = forward
+    print("gpue2e-probe: spec-decode-attn forward wrapped", file=sys.stderr, flush=True)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, name: str, path: Any, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)  # find the real module once, with the other finders
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader: Any = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            _wrap(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Finder())
