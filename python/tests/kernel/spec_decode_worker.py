@@ -845,6 +845,8 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 "smem_limit": smem, "shared": compiled.metadata.shared, "regs": regs,
                 "spill_bytes": spill, "wgmma": ptx.count("wgmma.mma_async"),
                 "mma_sync": ptx.count("mma.sync"),
+                # Single-byte global loads: what an int8 row not known 4-byte aligned gets.
+                "byte_loads": ptx.count("ld.global.b8"),
             }
             key = f"{card}/q{q}" + ("/int8" if kv == "int8" else "")
             report[key] = row

@@ -56,6 +56,7 @@ __all__ = [
     "SpecDecodeWorkspace",
     "get_workspace",
     "hopper_available",
+    "int8_rows_aligned",
     "plan_launch",
     "plan_smem",
     "spec_decode_attention",
@@ -304,6 +305,11 @@ def _spec_decode_split_kernel(
     ks_base = k_scale_ptr
     vs_base = v_scale_ptr
     if KV_INT8:
+        # TRITON_ATTN's int8 rows are (head_size + 4)-byte runs: a head's K and V rows
+        # start 4-byte aligned, never 16 (the launcher checks), so Triton specialises
+        # neither pointer as aligned; say what holds, for 4-byte rather than 1-byte loads.
+        k_base = tl.multiple_of(k_base, 4)
+        v_base = tl.multiple_of(v_base, 4)
         ks_base = k_scale_ptr + kv_head.to(tl.int64) * stride_ks_head
         vs_base = v_scale_ptr + kv_head.to(tl.int64) * stride_vs_head
 
@@ -486,6 +492,16 @@ class SpecDecodeWorkspace(WorkspaceShape):
         )
 
 
+def int8_rows_aligned(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether every K and V row of an int8 cache starts 4-byte aligned, as the split
+    pass's KV_INT8 variant tells the compiler (TRITON_ATTN's per-token-head layout does:
+    rows of head_size + 4 bytes)."""
+    return all(
+        t.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in t.stride()[:-1])
+        for t in (key_cache, value_cache)
+    )
+
+
 def _launch_triton_split(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -583,6 +599,11 @@ def spec_decode_attention(
             f"spec-decode attention: a {key_cache.dtype} KV cache "
             f"{'without' if quantized else 'with'} per-token-head scales; int8 "
             "caches, and only those, take k_scale_cache and v_scale_cache"
+        )
+    if quantized and not int8_rows_aligned(key_cache, value_cache):
+        raise ValueError(
+            "spec-decode attention: an int8 KV cache whose rows are not 4-byte aligned "
+            f"(strides {tuple(key_cache.stride())}, {tuple(value_cache.stride())})"
         )
     num_seqs = seq_lens.shape[0]
     num_heads, head_size = q.shape[1], q.shape[2]
@@ -856,7 +877,8 @@ class SpecDecodeAttention:
             return False
         if self.kv_int8:
             if (key_cache.dtype != torch.int8 or k_scale_cache is None
-                    or v_scale_cache is None):
+                    or v_scale_cache is None
+                    or not int8_rows_aligned(key_cache, value_cache)):
                 return False
         elif query.dtype != key_cache.dtype or k_scale_cache is not None:
             return False
