@@ -120,22 +120,22 @@ def with_queries(
     gen = torch.Generator(device=device).manual_seed(seed)
     tokens = sum(query_lens)
     head_size = batch.key_cache.shape[3]
+    dtype = batch.key_cache.dtype
+    if batch.k_scale_cache is not None:
+        # An int8 per-token-head cache: rows padded by the 4-byte scale, 16-bit queries.
+        head_size -= 4
+        dtype = batch.query.dtype
     query = torch.randn(
         (tokens, num_heads, head_size), generator=gen, device=device
-    ).to(batch.key_cache.dtype)
+    ).to(dtype)
     starts = [0]
     for q in query_lens:
         starts.append(starts[-1] + q)
-    return PagedBatch(
+    return replace(
+        batch,
         query=query,
-        key_cache=batch.key_cache,
-        value_cache=batch.value_cache,
-        kv_cache=batch.kv_cache,
         cu_seqlens_q=torch.tensor(starts, dtype=torch.int32, device=device),
-        seq_lens=batch.seq_lens,
-        block_table=batch.block_table,
         query_lens=list(query_lens),
-        kv_lens=batch.kv_lens,
     )
 
 

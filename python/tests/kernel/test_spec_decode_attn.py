@@ -338,6 +338,26 @@ def test_benchmark_variants_run_on_the_interpreter(
         assert "us" in r and r["unwritten"] == 0 and r["rel_err"] < BF16_REL_ERR, r
 
 
+@pytest.mark.patch
+def test_benchmark_int8_table_runs_on_the_interpreter(
+    patched_cpu_tree: Path, tmp_path: Path
+) -> None:
+    """The table with --kv int8 (the issue-21 H200 run to come): stock unified_attention in
+    its int8 per-token-head mode and the Triton split pass on the same int8 cells, at the
+    model's shapes on a tiny context, agreeing with each other."""
+    env = {**os.environ, "PYTHONPATH": str(_dist_dir(tmp_path / "dist"))}
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARK), "--tree", str(patched_cpu_tree), "--out",
+         str(tmp_path), "--smoke", "--kv", "int8", "--contexts", "64", "--queries", "4"],
+        capture_output=True, text=True, timeout=600, check=False, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["kv"], r["kernel"], r["q"]) for r in rows] == [("int8", "triton", 4)], rows
+    # Both read the same int8 values and scales and round P to bf16 alike.
+    assert rows[0]["rel_err_vs_stock"] < 1e-3, rows
+
+
 def _bench() -> Any:
     """The benchmark module (its VARIANTS and needs_hopper)."""
     sys.path.insert(0, str(worker.BENCH_DIR))
