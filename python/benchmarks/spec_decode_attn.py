@@ -44,6 +44,10 @@ ROTATE_BYTES = 1 << 30
 # "cpu" only for --smoke: a Triton-interpreter pass over tiny shapes that checks this
 # script's plumbing before device time is spent on it.
 DEVICE = "cuda"
+# The KV cache the cells hold (--kv): "bf16", or "int8" (vLLM's int8_per_token_head layout,
+# bf16 queries; stock runs unified_attention's int8 per-token-head mode and the split-KV
+# path its Triton split pass, the only one that reads int8).
+KV = "bf16"
 
 
 def measure_copy_bandwidth(torch: Any) -> float:
@@ -123,13 +127,14 @@ class Cell:
         self.batch = batch
         self.context = context
         lens = [context] * batch
-        one = ref.make_batch(
+        make = ref.make_int8_batch if KV == "int8" else ref.make_batch
+        one = make(
             [1] * batch, lens, NUM_KV_HEADS, GROUP, HEAD_SIZE, BLOCK_SIZE,
             torch.bfloat16, DEVICE, seed=context + batch,
         )
         copies = max(1, min(48, math.ceil(ROTATE_BYTES / one.kv_bytes())))
         self.caches = [one] + [
-            ref.make_batch(
+            make(
                 [1] * batch, lens, NUM_KV_HEADS, GROUP, HEAD_SIZE, BLOCK_SIZE,
                 torch.bfloat16, DEVICE, seed=context + batch + 1000 * i,
             )
@@ -154,6 +159,14 @@ def stock_call(env: dict[str, Any], b: Any, out: Any) -> Callable[[], None]:
     segm_max = torch.empty((threshold, heads, 16), device=DEVICE)
     segm_sum = torch.empty((threshold, heads, 16), device=DEVICE)
     descale = torch.ones((), device=DEVICE).expand((len(b.kv_lens), NUM_KV_HEADS))
+    quant: dict[str, Any] = {}
+    if b.k_scale_cache is not None:
+        # As TRITON_ATTN calls it for int8_per_token_head: scale views, no descales.
+        from vllm.v1.kv_cache_interface import KVQuantMode
+
+        quant = {"kv_quant_mode": KVQuantMode.INT8_PER_TOKEN_HEAD,
+                 "k_scale_cache": b.k_scale_cache, "v_scale_cache": b.v_scale_cache}
+        descale = None
 
     def call() -> None:
         tua.unified_attention(
@@ -164,7 +177,7 @@ def stock_call(env: dict[str, Any], b: Any, out: Any) -> Callable[[], None]:
             block_table=b.block_table, softcap=0, q_descale=None,
             k_descale=descale, v_descale=descale, seq_threshold_3D=threshold,
             num_par_softmax_segments=16, softmax_segm_output=segm_out,
-            softmax_segm_max=segm_max, softmax_segm_expsum=segm_sum,
+            softmax_segm_max=segm_max, softmax_segm_expsum=segm_sum, **quant,
         )
 
     return call
@@ -175,11 +188,13 @@ def new_call(
 ) -> Callable[[], None]:
     sda = env["sda"]
     heads = NUM_KV_HEADS * GROUP
-    overrides = dict(overrides or {})
+    fields: dict[str, Any] = dict(overrides or {})
     # Diagnostic only: time the split pass alone (its output is left unreduced).
-    split_only = overrides.pop("_split_only", False)
+    split_only = fields.pop("_split_only", False)
+    if b.k_scale_cache is not None:
+        fields.setdefault("kernel", "triton")  # no Hopper split pass reads int8
     plan = sda.plan_launch(
-        len(b.kv_lens), b.max_query_len, heads, NUM_KV_HEADS, HEAD_SIZE, ws, **overrides
+        len(b.kv_lens), b.max_query_len, heads, NUM_KV_HEADS, HEAD_SIZE, ws, **fields
     )
     if split_only:
         plan = dataclasses.replace(plan, reduce_grid=None)
@@ -188,6 +203,7 @@ def new_call(
         sda.spec_decode_attention(
             b.query, b.key_cache, b.value_cache, out, b.cu_seqlens_q, b.seq_lens,
             b.block_table, b.max_query_len, HEAD_SIZE**-0.5, ws, plan,
+            b.k_scale_cache, b.v_scale_cache,
         )
 
     return call
@@ -208,10 +224,12 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
     new_calls = [new_call(env, b, o, ws) for b, o in pairs]
     t_new = _time_graph(torch, new_calls)
     plan = env["sda"].plan_launch(
-        cell.batch, q, NUM_KV_HEADS * GROUP, NUM_KV_HEADS, HEAD_SIZE, ws
+        cell.batch, q, NUM_KV_HEADS * GROUP, NUM_KV_HEADS, HEAD_SIZE, ws,
+        kernel="triton" if KV == "int8" else None,
     )
     floor = cell.kv_bytes / copy_bw
     return {
+        "kv": KV,
         "batch": cell.batch,
         "context": cell.context,
         "q": q,
@@ -422,8 +440,12 @@ def main() -> int:
                         help="comma-separated VARIANTS to time (default: all)")
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--queries", default=",".join(map(str, QUERY_LENS)))
+    parser.add_argument("--kv", choices=("bf16", "int8"), default="bf16",
+                        help="KV cache of the table's cells: bf16, or int8_per_token_head")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global KV
+    KV = args.kv
     if args.smoke:
         _smoke_setup()
     sys.path.insert(0, args.tree)
@@ -505,7 +527,7 @@ def main() -> int:
             f"| {r['batch']} | {r['context']} | {r['q']} | {r['stock_us']:.1f} | "
             f"{r['new_us']:.1f} | {r['speedup']:.1f}x | {r['new_tb_s']:.2f} | "
             f"{r['floor_us']:.1f} | {r['pct_floor']:.1f}% | {r['stock_pct_floor']:.1f}% | "
-            f"{r['rel_err_vs_stock']:.1e} | {r['kernel']} |"
+            f"{r['rel_err_vs_stock']:.1e} | {r['kernel']} ({r['kv']} KV) |"
         )
     table = "\n".join(lines)
     (out_dir / "table.md").write_text(table + "\n")

@@ -81,7 +81,9 @@ class CacheRow:
 # The KV cache dtypes the series' split-KV verify kernels read (SUPPORTED_KV_CACHE_DTYPES in
 # patches/overlay/.../spec_decode_attention.py; a test holds the two equal). A "knob" row whose
 # cache is outside it runs the stock verify attention, and the plan says so (issue 21).
-SPEC_ATTN_KV_DTYPES = ("auto", "bfloat16", "float16")
+# int8_per_token_head is read by the Triton split pass through TRITON_ATTN only, the one
+# backend vLLM 0.28.0 stores it with.
+SPEC_ATTN_KV_DTYPES = ("auto", "bfloat16", "float16", "int8_per_token_head")
 
 _FAST = CacheRow("bfloat16", "FLASH_ATTN", None, None, "knob")
 # fp8 KV: FlashInfer is the only sm86 backend that takes it (gotcha 40), so none is named.

@@ -9,7 +9,7 @@ kv_heads, block_size, 2*head_size) stored NHD, viewed as (blocks, block_size, kv
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,6 +28,11 @@ class PagedBatch:
     block_table: torch.Tensor  # [seqs, max_blocks] int32
     query_lens: list[int]
     kv_lens: list[int]
+    # int8_per_token_head caches only: float32 [blocks, block_size, kv_heads] views of the
+    # scales stored inline after each head's int8 data (key_cache is then that padded int8
+    # view, its last dimension head_size + 4).
+    k_scale_cache: torch.Tensor | None = None
+    v_scale_cache: torch.Tensor | None = None
 
     @property
     def max_query_len(self) -> int:
@@ -115,39 +120,104 @@ def with_queries(
     gen = torch.Generator(device=device).manual_seed(seed)
     tokens = sum(query_lens)
     head_size = batch.key_cache.shape[3]
+    dtype = batch.key_cache.dtype
+    if batch.k_scale_cache is not None:
+        # An int8 per-token-head cache: rows padded by the 4-byte scale, 16-bit queries.
+        head_size -= 4
+        dtype = batch.query.dtype
     query = torch.randn(
         (tokens, num_heads, head_size), generator=gen, device=device
-    ).to(batch.key_cache.dtype)
+    ).to(dtype)
     starts = [0]
     for q in query_lens:
         starts.append(starts[-1] + q)
-    return PagedBatch(
+    return replace(
+        batch,
         query=query,
-        key_cache=batch.key_cache,
-        value_cache=batch.value_cache,
-        kv_cache=batch.kv_cache,
         cu_seqlens_q=torch.tensor(starts, dtype=torch.int32, device=device),
-        seq_lens=batch.seq_lens,
-        block_table=batch.block_table,
         query_lens=list(query_lens),
-        kv_lens=batch.kv_lens,
     )
+
+
+def make_int8_batch(
+    query_lens: list[int],
+    kv_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_size: int,
+    block_size: int,
+    query_dtype: torch.dtype,
+    device: str | torch.device,
+    seed: int,
+) -> PagedBatch:
+    """make_batch's data quantized the way vLLM 0.28.0's TRITON_ATTN stores an
+    ``int8_per_token_head`` cache: logical (blocks, kv_heads, block_size, 2*(hs + 4)) int8
+    stored NHD, each (token, head) holding [K int8 x hs | K scale fp32 | V int8 x hs |
+    V scale fp32], scale = max(absmax / 127, 1e-6), values rounded half away from zero
+    (triton_reshape_and_cache_flash_per_token_head_quant). The spare blocks' large values
+    quantize too, so a wrong block index still shows up as error."""
+    src = make_batch(query_lens, kv_lens, num_kv_heads, group, head_size, block_size,
+                     torch.float32, device, seed)
+    values = src.kv_cache.permute(0, 2, 1, 3)  # contiguous (blocks, bs, kv_heads, 2*hs)
+    padded = head_size + 4
+    raw = torch.zeros((*values.shape[:3], 2 * padded), dtype=torch.int8, device=device)
+    for side in (0, 1):
+        x = values[..., side * head_size : (side + 1) * head_size]
+        scale = (x.abs().amax(dim=-1) / 127.0).clamp(min=1e-6)
+        q = x / scale[..., None]
+        q = torch.where(q >= 0, q + 0.5, q - 0.5).trunc().clamp(-128, 127)
+        raw[..., side * padded : side * padded + head_size] = q.to(torch.int8)
+        scale_bytes = raw[..., side * padded + head_size : (side + 1) * padded]
+        scale_bytes.view(torch.float32)[..., 0] = scale
+    logical = raw.permute(0, 2, 1, 3)
+    key_cache, value_cache = torch.split(logical.transpose(1, 2), padded, dim=-1)
+    return replace(
+        src,
+        query=src.query.to(query_dtype),
+        key_cache=key_cache,
+        value_cache=value_cache,
+        kv_cache=logical,
+        k_scale_cache=raw[..., head_size:padded].view(torch.float32)[..., 0],
+        v_scale_cache=raw[..., padded + head_size :].view(torch.float32)[..., 0],
+    )
+
+
+def dequantized(batch: PagedBatch) -> PagedBatch:
+    """The batch with an int8 per-token-head cache replaced by its float32 dequantization
+    (value x its (token, head) scale): what the reference attends over."""
+    if batch.k_scale_cache is None or batch.v_scale_cache is None:
+        return batch
+    hs = batch.query.shape[2]
+    key = batch.key_cache[..., :hs].float() * batch.k_scale_cache[..., None]
+    value = batch.value_cache[..., :hs].float() * batch.v_scale_cache[..., None]
+    return replace(batch, key_cache=key, value_cache=value, k_scale_cache=None,
+                   v_scale_cache=None)
 
 
 def poison_tail(batch: PagedBatch) -> None:
     """NaN in K and V of the slots past each request's length in its last block: a kernel
-    may load them but must never let them into a result (p = 0 does not cancel NaN)."""
+    may load them but must never let them into a result (p = 0 does not cancel NaN). An
+    int8 cache cannot hold NaN: its scales there are NaN and its values the largest."""
     block_size = batch.key_cache.shape[1]
     for s, kv_len in enumerate(batch.kv_lens):
         if kv_len % block_size:
             block = int(batch.block_table[s, (kv_len - 1) // block_size])
-            batch.key_cache[block, kv_len % block_size :] = float("nan")
-            batch.value_cache[block, kv_len % block_size :] = float("nan")
+            tail = slice(kv_len % block_size, None)
+            if batch.k_scale_cache is not None and batch.v_scale_cache is not None:
+                batch.key_cache[block, tail] = 127
+                batch.value_cache[block, tail] = 127
+                batch.k_scale_cache[block, tail] = float("nan")
+                batch.v_scale_cache[block, tail] = float("nan")
+            else:
+                batch.key_cache[block, tail] = float("nan")
+                batch.value_cache[block, tail] = float("nan")
 
 
 def reference(batch: PagedBatch, scale: float) -> torch.Tensor:
     """Causal paged attention in float32: row i of a request with KV length c and query
-    length q sees keys [0, c - q + i]."""
+    length q sees keys [0, c - q + i]. An int8 per-token-head cache is dequantized
+    first."""
+    batch = dequantized(batch)
     q_all = batch.query.float()
     out = torch.zeros_like(q_all)
     block_size = batch.key_cache.shape[1]
@@ -206,3 +276,15 @@ def fix_interpreter_bf16_dot() -> None:
         return original(self, widen(a), widen(b), d, *args)
 
     builder_cls.create_dot = create_dot
+
+    # Likewise an integer cast to bf16 (an int8 KV cache's load) becomes the integer's
+    # value as raw uint16 bits (cast_impl's plain astype); go through float32, whose
+    # bf16 conversion the interpreter does right.
+    int_to_fp = builder_cls.create_si_to_fp
+
+    def create_si_to_fp(self: Any, src: Any, dst_type: Any) -> Any:
+        if dst_type.scalar == tl.bfloat16:
+            return self.cast_impl(self.cast_impl(src, tl.float32), dst_type)
+        return int_to_fp(self, src, dst_type)
+
+    builder_cls.create_si_to_fp = create_si_to_fp

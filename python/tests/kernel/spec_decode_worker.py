@@ -70,6 +70,19 @@ CUDA_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     ("q16_ctx20000_blk864", [16], [20000], None, 864),
     ("ragged_nan_tail_blk48", [8, 16], [5000, 777], None, 48),
 ]
+# int8_per_token_head caches (vLLM's TRITON_ATTN layout, bf16 queries), same fields. The
+# tails past each request's length hold the largest int8 values and NaN scales.
+CPU_INT8_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
+    # q in {2, 8, 16} in one ragged batch, forced segments (3-D grid and reduce pass);
+    # 32-token tiles crossing 16-token blocks (a block-table read per token).
+    ("int8_ragged_nan_tail_seg4", [2, 8, 16], [40, 300, 90], 4, 16),
+    # The planner's own plan; 32-token tiles inside 32-token blocks (one read a tile).
+    ("int8_ragged_nan_tail_blk32", [16, 2], [150, 37], None, 32),
+]
+CUDA_INT8_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
+    ("int8_q8_ctx64k", [8], [65536], None, 16),
+    ("int8_ragged_nan_tail", [16, 2, 8], [9001, 35, 70001], None, 16),
+]
 
 
 def _setup_env(device: str) -> None:
@@ -113,6 +126,22 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
     kernels: list[str | None] = [None, "triton"] if hopper else [None]
     full_shape = ("model_shape_q8", [8], [300], 4, 16)
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    int8_cases = CPU_INT8_CASES if device == "cpu" else CUDA_INT8_CASES
+    for seed, (name, qlens, kvlens, segments, block_size) in enumerate(int8_cases, 500):
+        batch = ref.make_int8_batch(qlens, kvlens, kv_heads, group, head_size, block_size,
+                                    torch.bfloat16, device, seed)
+        ref.poison_tail(batch)
+        ws = sda.SpecDecodeWorkspace(
+            max_tokens=len(qlens) * max(qlens), num_heads=kv_heads * group,
+            head_size=head_size, device=torch.device(device),
+            num_sms=8 if device == "cpu" else 132, hopper=hopper,
+        )
+        # No Hopper split pass reads int8 caches: the Triton one, wherever it runs.
+        key = f"{name}/int8"
+        results["kernel"][key] = run_case(
+            sda, ref, batch, ws, None, segments, False, qlens, kvlens, "int8"
+        )
+        print(f"{key}: {results['kernel'][key]}", flush=True)
     for seed, (name, qlens, kvlens, segments, block_size) in enumerate(
         [*cases, full_shape] if device == "cpu" else cases
     ):
@@ -151,6 +180,8 @@ def run_case(
     heads, hs = batch.query.shape[1], batch.query.shape[2]
     kvh = batch.num_kv_heads
     overrides: dict[str, Any] = {} if kernel is None else {"kernel": kernel}
+    if segments is not None and batch.k_scale_cache is not None:
+        overrides["kernel"] = "triton"  # the only split pass for int8 caches
     if segments is not None:
         # Short segments so that the small contexts span several of them.
         overrides.update(num_segments=segments, min_segment_tokens=1,
@@ -173,6 +204,8 @@ def run_case(
         scale,
         ws,
         plan,
+        batch.k_scale_cache,
+        batch.v_scale_cache,
     )
     elapsed = time.perf_counter() - t0
     row: dict[str, Any] = ref.compare(out, ref.reference(batch, scale), batch)
@@ -336,10 +369,11 @@ def check_hopper_compile_failure(
 
 
 def check_decline_is_loud(
-    ta_mod: Any, heads: int, hs: int, scale: float, kvh: int, qmax: int
+    ta_mod: Any, heads: int, hs: int, scale: float, kvh: int, qmax: int, kv_cache_dtype: str
 ) -> dict[str, Any]:
-    """An int8 per-token-head cache with the path asked for: no split-KV object, and a
-    warning on vLLM's logger naming the backend and the cache dtype."""
+    """A cache the split passes cannot read (int4 per-token-head, fp8) with the path asked
+    for: no split-KV object, and a warning on vLLM's logger naming the backend and the
+    cache dtype."""
     import logging
 
     seen: list[str] = []
@@ -356,12 +390,60 @@ def check_decline_is_loud(
         os.environ["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(qmax)
         impl = ta_mod.TritonAttentionImpl(
             num_heads=heads, head_size=hs, scale=scale, num_kv_heads=kvh,
-            alibi_slopes=None, sliding_window=None, kv_cache_dtype="int8_per_token_head",
+            alibi_slopes=None, sliding_window=None, kv_cache_dtype=kv_cache_dtype,
         )
     finally:
         logging.getLogger("vllm").removeHandler(handler)
     return {"created": impl.spec_decode_attn is not None,
             "warnings": [m for m in seen if "spec-decode attention" in m]}
+
+
+def check_int8_dispatch(
+    device: str,
+    make_impl: Callable[..., Any],
+    run: Callable[..., tuple[dict[str, Any], list[Any]]],
+    kvh: int,
+    g: int,
+    hs: int,
+    scale: float,
+    launches: list[tuple[str, list[int]]],
+) -> dict[str, Any]:
+    """An int8_per_token_head verify batch through TritonAttentionImpl.forward with the
+    path on (the split pass, given the scale views TRITON_ATTN carves from the cache) and
+    off (stock unified_attention on the same cache): both against the float32 reference of
+    the dequantized cache, and against each other."""
+    import spec_decode_ref as ref
+    import torch
+
+    batch = ref.make_int8_batch([8, 2, 16], [300, 37, 150], kvh, g, hs, 16, torch.bfloat16,
+                                device, 601)
+    ref.poison_tail(batch)
+    result: dict[str, Any] = {}
+    outs = {}
+    for name, enabled in (("on", True), ("off", False)):
+        impl = make_impl("triton", enabled, "int8_per_token_head")
+        result[f"{name}_created"] = impl.spec_decode_attn is not None
+        # The impl carves its scale views from the cache on first use and sets every
+        # scale to 1 (vLLM does it before the first cache write); carve them here, put
+        # the batch's bytes back, and check the views are the batch's own scales.
+        saved = batch.kv_cache.clone()
+        impl._ensure_scale_caches(batch.kv_cache)
+        batch.kv_cache.copy_(saved)
+        result[f"{name}_scale_views_match"] = all(
+            mine is not None and view.data_ptr() == mine.data_ptr()
+            and view.stride() == mine.stride()
+            and view.shape == mine.shape
+            for view, mine in ((impl._k_scale_cache, batch.k_scale_cache),
+                               (impl._v_scale_cache, batch.v_scale_cache))
+        )
+        out = torch.full_like(batch.query, float("nan"))
+        row, grids = run(impl, kind="triton", batch=batch, out=out)
+        result[name] = {**row, "launches": grids}
+        outs[name] = out
+    tokens = sum(batch.query_lens)
+    on, off = outs["on"][:tokens].float(), outs["off"][:tokens].float()
+    result["on_vs_off_rel"] = float((on - off).norm() / off.norm())
+    return result
 
 
 def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
@@ -416,7 +498,7 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
         parallel_config=SimpleNamespace(decode_context_parallel_size=1),
     )
 
-    def make_impl(kind: str, enabled: bool) -> Any:
+    def make_impl(kind: str, enabled: bool, kv_cache_dtype: str = "auto") -> Any:
         os.environ["VLLM_SPEC_DECODE_ATTN"] = "1" if enabled else "0"
         os.environ["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(qmax)
         cls = ta_mod.TritonAttentionImpl if kind == "triton" else fa_mod.FlashAttentionImpl
@@ -427,7 +509,7 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
             num_kv_heads=kvh,
             alibi_slopes=None,
             sliding_window=None,
-            kv_cache_dtype="auto",
+            kv_cache_dtype=kv_cache_dtype,
         )
         if kind == "flash":
             # FA has no CPU build; the split-KV dispatch happens before FA is called.
@@ -477,8 +559,11 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
             )
         return meta
 
-    def run(impl: Any, kind: str, batch: ref.PagedBatch) -> tuple[dict[str, Any], list[Any]]:
-        out = torch.full_like(batch.query, float("nan"))
+    def run(
+        impl: Any, kind: str, batch: ref.PagedBatch, out: torch.Tensor | None = None
+    ) -> tuple[dict[str, Any], list[Any]]:
+        if out is None:
+            out = torch.full_like(batch.query, float("nan"))
         del launches[:]
         impl.forward(
             layer, batch.query, None, None, batch.kv_cache, metadata(kind, batch), out
@@ -524,7 +609,13 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     )
     impl_off = make_impl("triton", False)
     checks["triton/off_created"] = impl_off.spec_decode_attn is not None
-    checks["triton/int8_kv"] = check_decline_is_loud(ta_mod, heads, hs, scale, kvh, qmax)
+    for declined in ("int4_per_token_head", "fp8"):
+        checks[f"triton/{declined}_kv"] = check_decline_is_loud(
+            ta_mod, heads, hs, scale, kvh, qmax, declined
+        )
+    checks["triton/int8_kv"] = check_int8_dispatch(
+        device, make_impl, run, kvh, g, hs, scale, launches
+    )
     row, grids = run(impl_off, "triton", verify)
     checks["triton/verify_off"] = {**row, "launches": grids}
 
@@ -626,6 +717,56 @@ def _compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size
                           options={"num_warps": 4, "maxnreg": hopper.MAXNREG})
 
 
+def _triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
+                         block_size: int) -> tuple[dict[str, str], dict[Any, Any]]:
+    """Signature and alignment facts of the Triton split pass as a launch over a ``kv``
+    cache ("bf16", or "int8": int8_per_token_head) specialises it: Triton's JIT marks a
+    pointer 16-byte aligned and an integer a multiple of 16 where they are (the block
+    table's row stride is left unknown)."""
+    signature: dict[str, str] = {}
+    for name in fn.arg_names:
+        if name in ("out_ptr", "q_ptr"):
+            signature[name] = "*bf16"
+        elif name in ("key_cache_ptr", "value_cache_ptr"):
+            signature[name] = "*i8" if kv == "int8" else "*bf16"
+        elif name.startswith("part_") or name in ("k_scale_ptr", "v_scale_ptr"):
+            signature[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            signature[name] = "*i32"
+        elif name == "qk_scale":
+            signature[name] = "fp32"
+        elif name.startswith("stride"):
+            signature[name] = "i64"
+        elif name in ("min_seg_tokens", "max_q"):
+            signature[name] = "i32"
+        else:
+            signature[name] = "constexpr"
+    aligned = {name for name in fn.arg_names
+               if name.endswith("_ptr") or (name.startswith("stride") and name != "stride_bt")}
+    if kv == "int8":
+        # TRITON_ATTN's per-token-head layout: per (token, kv head) [K int8 x hs | K scale
+        # fp32 | V int8 x hs | V scale fp32], so V's and its scale's rows start 4 bytes
+        # past a 16-byte boundary, and a head's row is 2 * (hs + 4) bytes long.
+        padded = head_size + 4
+        content = 2 * padded
+        byte_offsets = {"key_cache_ptr": 0, "value_cache_ptr": padded,
+                        "k_scale_ptr": head_size, "v_scale_ptr": padded + head_size}
+        cache_strides = {"blk": block_size * kv_heads * content, "slot": kv_heads * content,
+                         "head": content}
+        for name, offset in byte_offsets.items():
+            if offset % 16:
+                aligned.discard(name)
+        for part, stride in cache_strides.items():
+            for side in ("k", "v"):
+                if stride % 16:
+                    aligned.discard(f"stride_{side}_{part}")
+                if (stride // 4) % 16:  # the scales' strides, in float32 units
+                    aligned.discard(f"stride_{side}s_{part}")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name in aligned}
+    return signature, attrs
+
+
 def compile_report(results: dict[str, Any], workdir: Path) -> None:
     """The split kernel as the planner launches it, compiled ahead of time for an H200
     (sm_90a: the warp-specialised Gluon kernel and the Triton one) and an RTX 3090 (sm_86)
@@ -642,29 +783,6 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
     sda = importlib.import_module(SDA_MODULE)
     fn = sda._spec_decode_split_kernel
     heads, kv_heads, head_size, block_size = 24, 4, 256, 16
-    signature: dict[str, str] = {}
-    for name in fn.arg_names:
-        if name in ("out_ptr", "q_ptr", "key_cache_ptr", "value_cache_ptr"):
-            signature[name] = "*bf16"
-        elif name.startswith("part_"):
-            signature[name] = "*fp32"
-        elif name.endswith("_ptr"):
-            signature[name] = "*i32"
-        elif name == "qk_scale":
-            signature[name] = "fp32"
-        elif name.startswith("stride"):
-            signature[name] = "i64"
-        elif name in ("min_seg_tokens", "max_q"):
-            signature[name] = "i32"
-        else:
-            signature[name] = "constexpr"
-    # What Triton's JIT specialises at a real launch: 16-byte aligned pointers and strides
-    # that are multiples of 16 elements (the block table's row stride is left unknown).
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, name in enumerate(fn.arg_names)
-        if name.endswith("_ptr") or (name.startswith("stride") and name != "stride_bt")
-    }
     report: dict[str, Any] = {"triton": triton.__version__}
     # The Hopper kernel's TMA box (tokens) for 64-token tiles over these cache block sizes.
     hopper_mod = importlib.import_module(HOPPER_MODULE)
@@ -676,8 +794,13 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
             64, heads, head_size, torch.device("cpu"), num_sms=sms, max_shared_mem=smem,
             hopper=hopper,
         )
-        for q in COMPILE_QUERY_LENS:
-            plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws)
+        variants = [(q, "bf16") for q in COMPILE_QUERY_LENS]
+        if not hopper:
+            # No Hopper split pass reads int8 caches: the Triton one there too.
+            variants += [(q, "int8") for q in COMPILE_QUERY_LENS]
+        for q, kv in variants:
+            plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws,
+                                   kernel="triton" if kv == "int8" else None)
             if plan.kernel == "hopper":
                 compiled = _compile_hopper(hopper_mod, plan, heads, kv_heads, head_size, block_size)
                 ptx = compiled.asm["ptx"]
@@ -695,11 +818,13 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 report[f"{card}/q{q}"] = row
                 print(f"{card}/q{q}: {row}", flush=True)
                 continue
+            signature, attrs = _triton_split_source(fn, kv, kv_heads, head_size, block_size)
             constexprs = {
                 "NUM_HEADS": heads, "G": heads // kv_heads, "HEAD_SIZE": head_size,
                 "BLOCK_SIZE": block_size, "BLOCK_M": plan.block_m, "BLOCK_Q": plan.block_q,
                 "Q_TILES": plan.q_tiles, "TILE_N": plan.tile_n,
                 "NUM_SEGMENTS": plan.num_segments, "BT_LOOKAHEAD": plan.bt_lookahead,
+                "KV_INT8": kv == "int8",
             }
             source = ASTSource(
                 fn, signature,
@@ -720,9 +845,12 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 "smem_limit": smem, "shared": compiled.metadata.shared, "regs": regs,
                 "spill_bytes": spill, "wgmma": ptx.count("wgmma.mma_async"),
                 "mma_sync": ptx.count("mma.sync"),
+                # Single-byte global loads: what an int8 row not known 4-byte aligned gets.
+                "byte_loads": ptx.count("ld.global.b8"),
             }
-            report[f"{card}/q{q}"] = row
-            print(f"{card}/q{q}: {row}", flush=True)
+            key = f"{card}/q{q}" + ("/int8" if kv == "int8" else "")
+            report[key] = row
+            print(f"{key}: {row}", flush=True)
     results["compiled"] = report
 
 

@@ -86,10 +86,9 @@ def expected_single_user(
         if ctx == "long":
             flags["--attention-backend"] = "TRITON_ATTN"
             flags["--kv-cache-dtype"] = "int8_per_token_head"
-            # The original launcher set 1 here; this build's split-KV kernels read only
-            # 16-bit caches, so the plan restates stock 0 and drops the scratch size.
-            env["VLLM_SPEC_DECODE_ATTN"] = "0"
-            del env["VLLM_SPEC_DECODE_ATTN_QMAX"]
+            # The split-KV verify path: its Triton split pass reads int8 per-token-head
+            # caches (issue 21), so the row keeps the original launcher's 1 and its QMAX.
+            env["VLLM_SPEC_DECODE_ATTN"] = "1"
         if ctx == "huge":
             env["VLLM_SPEC_DECODE_ATTN"] = "0"
             if long_block and prefix:

@@ -60,7 +60,19 @@ def test_split_path_taken_or_declined_aloud(spec: str, ctx: str, tmp_path: Path)
         assert "VLLM_SPEC_DECODE_ATTN_QMAX" not in plan.env
 
 
-def test_an_explicit_request_on_an_unreadable_cache_is_refused(tmp_path: Path) -> None:
+def test_the_int8_long_context_row_takes_the_split_path(tmp_path: Path) -> None:
+    plan = plan_for({"SPEC": "dflash2", "CTX": "long"}, cwd=tmp_path)
+    assert arg_map(plan.vllm_args).get("--kv-cache-dtype") == "int8_per_token_head"
+    assert plan.env.get("VLLM_SPEC_DECODE_ATTN") == "1", plan.env
+    assert "VLLM_SPEC_DECODE_ATTN_QMAX" in plan.env
+
+
+def test_an_explicit_request_on_an_unreadable_cache_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A build whose kernels read only 16-bit caches (this series before issue 21): the
+    # int8 row is the one left without the split path.
+    monkeypatch.setattr(P, "SPEC_ATTN_KV_DTYPES", ("auto", "bfloat16", "float16"))
     with pytest.raises(Qwen3090Error) as err:
         plan_for({"SPEC": "dflash2", "CTX": "long", "SPEC_ATTN": "1"}, cwd=tmp_path)
     assert "int8_per_token_head" in str(err.value)

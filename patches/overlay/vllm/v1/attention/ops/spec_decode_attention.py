@@ -56,6 +56,7 @@ __all__ = [
     "SpecDecodeWorkspace",
     "get_workspace",
     "hopper_available",
+    "int8_rows_aligned",
     "plan_launch",
     "plan_smem",
     "spec_decode_attention",
@@ -63,10 +64,14 @@ __all__ = [
 
 logger = init_logger(__name__)
 
-# The KV cache dtypes the split passes read (16-bit caches only: the quantized
-# ones take the stock path). qwen3090's planner keeps the same list, so it never
-# asks for this path on a cache it would decline; a test holds the two equal.
-SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
+# The KV cache dtypes the split passes read. qwen3090's planner keeps the same
+# list, so it never asks for this path on a cache it would decline; a test holds
+# the two equal. fp8 caches (per-tensor or per-token-head scales) and int4 ones
+# take the stock path.
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "int8_per_token_head")
+# Quantized caches, with the backends whose forward hands the kernel their
+# scales: only TRITON_ATTN stores per-token-head caches in 0.28.0.
+QUANTIZED_KV_BACKENDS = {"int8_per_token_head": ("TRITON_ATTN",)}
 
 # The kernels run the softmax in base 2 (exp2 is one instruction).
 _LOG2E = 1.4426950408889634
@@ -118,13 +123,26 @@ def _attend_tile(
     stride_k_slot: tl.int64,
     stride_v_blk: tl.int64,
     stride_v_slot: tl.int64,
+    ks_base,
+    vs_base,
+    stride_ks_blk: tl.int64,
+    stride_ks_slot: tl.int64,
+    stride_vs_blk: tl.int64,
+    stride_vs_slot: tl.int64,
     MASKED: tl.constexpr,
+    KV_INT8: tl.constexpr,
 ):
     """One online-softmax step over KV tokens [start, start + TILE_N).
 
     m_i is kept in scaled base-2 units and starts at a large finite negative
     value, so that a row that has seen no key gives exp2(-inf - m_i) = 0
     rather than NaN without a per-tile select.
+
+    KV_INT8: the cache holds int8 values with one float32 scale per (token,
+    kv head) (vLLM's int8_per_token_head). The int8 tile is cast to q's dtype
+    (exact: |x| <= 128) and the scales are applied to the scores' and P's
+    columns, a TILE_N vector each, rather than to the [TILE_N, HEAD_SIZE]
+    tiles: the same arithmetic as stock unified_attention.
     """
     k_ptrs = k_base + (blk * stride_k_blk + slot * stride_k_slot)[:, None]
     k_ptrs = k_ptrs + offs_d[None, :]
@@ -135,7 +153,19 @@ def _attend_tile(
         k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs)
-    s = tl.dot(q, tl.trans(k))
+    if KV_INT8:
+        # Masked slots read scale 1 (an unused slot's scale may be anything).
+        scale_off = blk * stride_ks_blk + slot * stride_ks_slot
+        if MASKED:
+            k_sc = tl.load(ks_base + scale_off, mask=valid, other=1.0)
+            v_sc = tl.load(vs_base + (blk * stride_vs_blk + slot * stride_vs_slot),
+                           mask=valid, other=1.0)
+        else:
+            k_sc = tl.load(ks_base + scale_off)
+            v_sc = tl.load(vs_base + (blk * stride_vs_blk + slot * stride_vs_slot))
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * k_sc[None, :]
+    else:
+        s = tl.dot(q, tl.trans(k))
     if MASKED:
         # Causal inside the verify block: row r sees keys < row_limit[r]; keys
         # at or past kv_end belong to the next segment.
@@ -152,7 +182,11 @@ def _attend_tile(
         v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    if KV_INT8:
+        # l_i sums the unscaled p: the V scale weights values, not keys.
+        acc = tl.dot((p * v_sc[None, :]).to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
@@ -177,6 +211,8 @@ def _spec_decode_split_kernel(
     q_ptr,
     key_cache_ptr,
     value_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     block_table_ptr,
     seq_lens_ptr,
     cu_seqlens_q_ptr,
@@ -193,6 +229,12 @@ def _spec_decode_split_kernel(
     stride_v_blk: tl.int64,
     stride_v_slot: tl.int64,
     stride_v_head: tl.int64,
+    stride_ks_blk: tl.int64,
+    stride_ks_slot: tl.int64,
+    stride_ks_head: tl.int64,
+    stride_vs_blk: tl.int64,
+    stride_vs_slot: tl.int64,
+    stride_vs_head: tl.int64,
     stride_bt: tl.int64,
     NUM_HEADS: tl.constexpr,
     G: tl.constexpr,
@@ -204,6 +246,7 @@ def _spec_decode_split_kernel(
     TILE_N: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
     BT_LOOKAHEAD: tl.constexpr,
+    KV_INT8: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -259,6 +302,16 @@ def _spec_decode_split_kernel(
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     k_base = key_cache_ptr + kv_head.to(tl.int64) * stride_k_head
     v_base = value_cache_ptr + kv_head.to(tl.int64) * stride_v_head
+    ks_base = k_scale_ptr
+    vs_base = v_scale_ptr
+    if KV_INT8:
+        # TRITON_ATTN's int8 rows are (head_size + 4)-byte runs: a head's K and V rows
+        # start 4-byte aligned, never 16 (the launcher checks), so Triton specialises
+        # neither pointer as aligned; say what holds, for 4-byte rather than 1-byte loads.
+        k_base = tl.multiple_of(k_base, 4)
+        v_base = tl.multiple_of(v_base, 4)
+        ks_base = k_scale_ptr + kv_head.to(tl.int64) * stride_ks_head
+        vs_base = v_scale_ptr + kv_head.to(tl.int64) * stride_vs_head
 
     # Whole tiles that every row of the tile sees need no mask at all.
     full_end = kv_lo + tl.maximum(tl.minimum(kv_hi, lim_lo) - kv_lo, 0) // TILE_N * TILE_N
@@ -273,7 +326,8 @@ def _spec_decode_split_kernel(
             acc, m_i, l_i = _attend_tile(
                 q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
                 row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
-                stride_v_blk, stride_v_slot, False,
+                stride_v_blk, stride_v_slot, ks_base, vs_base, stride_ks_blk,
+                stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_INT8,
             )
             blk = blk_next
             slot = slot_next
@@ -283,14 +337,16 @@ def _spec_decode_split_kernel(
             acc, m_i, l_i = _attend_tile(
                 q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
                 row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
-                stride_v_blk, stride_v_slot, False,
+                stride_v_blk, stride_v_slot, ks_base, vs_base, stride_ks_blk,
+                stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_INT8,
             )
     for start in range(full_end, kv_hi, TILE_N):
         blk, slot = _block_and_slot(bt_row, start, kv_hi, offs_t, BLOCK_SIZE, TILE_N)
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi, row_limit,
             qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot, stride_v_blk,
-            stride_v_slot, True,
+            stride_v_slot, ks_base, vs_base, stride_ks_blk, stride_ks_slot, stride_vs_blk,
+            stride_vs_slot, True, KV_INT8,
         )
 
     if NUM_SEGMENTS == 1:
@@ -436,6 +492,16 @@ class SpecDecodeWorkspace(WorkspaceShape):
         )
 
 
+def int8_rows_aligned(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether every K and V row of an int8 cache starts 4-byte aligned, as the split
+    pass's KV_INT8 variant tells the compiler (TRITON_ATTN's per-token-head layout does:
+    rows of head_size + 4 bytes)."""
+    return all(
+        t.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in t.stride()[:-1])
+        for t in (key_cache, value_cache)
+    )
+
+
 def _launch_triton_split(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -448,9 +514,13 @@ def _launch_triton_split(
     softmax_scale: float,
     workspace: SpecDecodeWorkspace,
     plan: LaunchPlan,
+    k_scale_cache: torch.Tensor | None,
+    v_scale_cache: torch.Tensor | None,
 ) -> None:
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    ks_strides = k_scale_cache.stride() if k_scale_cache is not None else (0, 0, 0)
+    vs_strides = v_scale_cache.stride() if v_scale_cache is not None else (0, 0, 0)
     _spec_decode_split_kernel[plan.split_grid](
         out,
         workspace.part_out,
@@ -459,6 +529,8 @@ def _launch_triton_split(
         q,
         key_cache,
         value_cache,
+        k_scale_cache,
+        v_scale_cache,
         block_table,
         seq_lens,
         cu_seqlens_q,
@@ -475,6 +547,8 @@ def _launch_triton_split(
         value_cache.stride(0),
         value_cache.stride(1),
         value_cache.stride(2),
+        *ks_strides,
+        *vs_strides,
         block_table.stride(0),
         NUM_HEADS=num_heads,
         G=num_heads // num_kv_heads,
@@ -486,6 +560,7 @@ def _launch_triton_split(
         TILE_N=plan.tile_n,
         NUM_SEGMENTS=plan.num_segments,
         BT_LOOKAHEAD=plan.bt_lookahead,
+        KV_INT8=k_scale_cache is not None,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
@@ -503,22 +578,47 @@ def spec_decode_attention(
     softmax_scale: float,
     workspace: SpecDecodeWorkspace,
     plan: LaunchPlan | None = None,
+    k_scale_cache: torch.Tensor | None = None,
+    v_scale_cache: torch.Tensor | None = None,
 ) -> LaunchPlan:
     """Causal paged attention for verify batches.
 
     q, out: [tokens, num_heads, head_size]; key_cache, value_cache:
-    [num_blocks, block_size, num_kv_heads, head_size] (any strides, unit
-    stride on head_size); cu_seqlens_q: [num_seqs + 1]; seq_lens: [num_seqs]
-    (KV length including the verify block); block_table: [num_seqs, *].
+    [num_blocks, block_size, num_kv_heads, head_size or more] (any strides,
+    unit stride on head_size); cu_seqlens_q: [num_seqs + 1]; seq_lens:
+    [num_seqs] (KV length including the verify block); block_table:
+    [num_seqs, *]. An int8 cache (int8_per_token_head) comes with its float32
+    scales, k_scale_cache and v_scale_cache: [num_blocks, block_size,
+    num_kv_heads], any strides (TRITON_ATTN's views into the cache's padding).
     """
     if out.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"spec-decode attention writes 16-bit outputs, not {out.dtype}")
+    quantized = key_cache.dtype == torch.int8
+    if quantized != (k_scale_cache is not None and v_scale_cache is not None):
+        raise ValueError(
+            f"spec-decode attention: a {key_cache.dtype} KV cache "
+            f"{'without' if quantized else 'with'} per-token-head scales; int8 "
+            "caches, and only those, take k_scale_cache and v_scale_cache"
+        )
+    if quantized and not int8_rows_aligned(key_cache, value_cache):
+        raise ValueError(
+            "spec-decode attention: an int8 KV cache whose rows are not 4-byte aligned "
+            f"(strides {tuple(key_cache.stride())}, {tuple(value_cache.stride())})"
+        )
     num_seqs = seq_lens.shape[0]
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if plan is None:
         plan = plan_launch(
             num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace
+        )
+    if plan.kernel == "hopper" and quantized:
+        # The Hopper split pass reads 16-bit caches only: no int8 variant of it
+        # has been built or measured yet, so quantized caches take the Triton
+        # split pass on sm_90 too (issue 21).
+        plan = plan_launch(
+            num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
+            kernel="triton",
         )
     hopper = _hopper_module() if plan.kernel == "hopper" else None
     if plan.kernel == "hopper" and (
@@ -567,7 +667,7 @@ def spec_decode_attention(
     else:
         _launch_triton_split(
             q, key_cache, value_cache, out, cu_seqlens_q, seq_lens, block_table,
-            max_query_len, softmax_scale, workspace, plan,
+            max_query_len, softmax_scale, workspace, plan, k_scale_cache, v_scale_cache,
         )
     if plan.reduce_grid is not None:
         _spec_decode_reduce_kernel[plan.reduce_grid](
@@ -656,6 +756,7 @@ class SpecDecodeAttention:
         qmax: int,
         max_num_seqs: int,
         device: torch.device,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -663,6 +764,8 @@ class SpecDecodeAttention:
         self.scale = scale
         self.qmax = qmax
         self.max_num_seqs = max_num_seqs
+        # int8 per-token-head: forward takes the caches' scales too.
+        self.kv_int8 = kv_cache_dtype == "int8_per_token_head"
         self.workspace = get_workspace(max_num_seqs * qmax, num_heads, head_size, device)
         self.last_plan: LaunchPlan | None = None
 
@@ -695,6 +798,8 @@ class SpecDecodeAttention:
         reasons = []
         if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
             reasons.append(f"kv cache dtype {kv_cache_dtype}")
+        elif backend not in QUANTIZED_KV_BACKENDS.get(kv_cache_dtype, (backend,)):
+            reasons.append(f"kv cache dtype {kv_cache_dtype} on {backend}")
         if head_size & (head_size - 1) or not 16 <= head_size <= 256:
             reasons.append(f"head size {head_size}")
         if num_heads % num_kv_heads:
@@ -746,6 +851,7 @@ class SpecDecodeAttention:
             qmax,
             max_num_seqs,
             _workspace_device(),
+            kv_cache_dtype,
         )
 
     def forward(
@@ -759,14 +865,24 @@ class SpecDecodeAttention:
         block_table: torch.Tensor,
         max_query_len: int,
         causal: object,
+        k_scale_cache: torch.Tensor | None = None,
+        v_scale_cache: torch.Tensor | None = None,
     ) -> bool:
         """Run the split-KV path if this batch qualifies; False means the
-        caller runs its stock kernel. Only CPU-side facts decide."""
+        caller runs its stock kernel. Only CPU-side facts decide. An int8
+        per-token-head layer passes its scale caches (TRITON_ATTN's views)."""
         if not 1 < max_query_len <= self.qmax or causal is not True:
             return False
-        if key_cache.dtype not in (torch.bfloat16, torch.float16):
+        if query.dtype not in (torch.bfloat16, torch.float16):
             return False
-        if query.dtype != key_cache.dtype or key_cache.stride(-1) != 1:
+        if self.kv_int8:
+            if (key_cache.dtype != torch.int8 or k_scale_cache is None
+                    or v_scale_cache is None
+                    or not int8_rows_aligned(key_cache, value_cache)):
+                return False
+        elif query.dtype != key_cache.dtype or k_scale_cache is not None:
+            return False
+        if key_cache.stride(-1) != 1:
             return False
         num_seqs = seq_lens.shape[0]
         if num_seqs > self.max_num_seqs:
@@ -786,6 +902,8 @@ class SpecDecodeAttention:
                 self.num_kv_heads,
                 self.head_size,
                 ws,
+                # No Hopper split pass reads int8 caches (spec_decode_attention).
+                kernel="triton" if self.kv_int8 else None,
             )
             try:
                 spec_decode_attention(
@@ -800,6 +918,8 @@ class SpecDecodeAttention:
                     self.scale,
                     ws,
                     plan,
+                    k_scale_cache,
+                    v_scale_cache,
                 )
             except Exception as exc:
                 if plan.kernel == "hopper" and type(exc).__name__ == "CompilationError":
