@@ -2,7 +2,7 @@
 """Build what serve_on_device.sh unpacks on the lent GPU machine (no vLLM, no network there).
 
     python3 python/tests/gpu/serve_bundle.py --wheel vllm-0.28.0-cp38-abi3-*.whl \
-        --kinds KINDS.md --out .device/gpue2e --so-out .device/gpue2e-so
+        --kinds PACKAGE_LIST --out .device/gpue2e --so-out .device/gpue2e-so
 
 Writes, under --out (one device call's ``carry``):
   tree.tar.xz    the CUDA wheel's python tree, patched by ``qwen3090/patchtool.py apply`` with
@@ -39,8 +39,8 @@ ARGS: Any = None  # the command line, set in __main__
 HERE = Path(__file__).resolve().parent
 PYDIR = HERE.parents[1]
 REPO = PYDIR.parent
-# What vLLM 0.28.0's CUDA wheel requires that the machine's image (the device tool's KINDS.md
-# list) lacks, minus the GPU libraries this tier does without, plus the import-time extras
+# What vLLM 0.28.0's CUDA wheel requires that the machine's image (the device tool's package
+# list of it) lacks, minus the GPU libraries this tier does without, plus the import-time extras
 # the server reaches (email-validator via fastapi, pycountry via mistral_common, loguru via
 # compressed-tensors, apache-tvm-ffi via xgrammar). Their own requirements are followed.
 TOP = (
@@ -76,7 +76,7 @@ def norm(name: str) -> str:
 
 
 def device_packages() -> set[str]:
-    """The machine image's packages, from the device tool's KINDS.md (``--kinds``)."""
+    """The machine image's packages, from the device tool's list of them (``--kinds``)."""
     text = ARGS.kinds.read_text()
     listed = text.split("Packages: ", 1)[1].split("\n", 1)[0].rstrip(".")
     return {norm(n.strip()) for n in listed.split(",")}
@@ -179,7 +179,7 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--so-out", type=Path, required=True)
     parser.add_argument("--kinds", type=Path, required=True,
-                        help="the device tool's KINDS.md (its package list of the machine)")
+                        help="the device tool's package list of the machine (markdown)")
     parser.add_argument("--python", default=sys.executable,
                         help="a Python with torch, transformers and tokenizers (demo model)")
     ARGS = parser.parse_args()
