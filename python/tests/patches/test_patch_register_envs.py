@@ -37,10 +37,6 @@ EXPECTED_DEFAULTS = {
 # throw away warm compile caches when the reservation is tuned.
 OUT_OF_COMPILE_KEY = {"VLLM_V2_CUDAGRAPH_MEM_MIB"}
 
-# Readers pending in another branch: registered here for a patch being written now
-# (align-mode checkpoints). Each is excused ONLY while no file of the patched tree reads it.
-# Remove this set when that patch lands.
-READERS_PENDING = {"VLLM_MAMBA_ALIGN_KEEP_CHECKPOINTS"}
 
 
 def _registry(envs_py: Path) -> set[str]:
@@ -95,8 +91,7 @@ def test_every_registered_variable_is_read(
     added = (_registry(patched_cpu_tree / "vllm" / "envs.py")
              - _registry(pristine_cpu_tree / "vllm" / "envs.py"))
     unread = {name for name in added if not _readers(patched_cpu_tree, name)}
-    assert unread - READERS_PENDING == set(), "registered, but nothing reads them"
-    assert added >= READERS_PENDING, "a pending name is no longer registered: drop it"
+    assert unread == set(), "registered, but nothing reads them"
     assert added == set(EXPECTED_VALUES)
 
 
