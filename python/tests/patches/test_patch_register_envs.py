@@ -38,7 +38,6 @@ EXPECTED_DEFAULTS = {
 OUT_OF_COMPILE_KEY = {"VLLM_V2_CUDAGRAPH_MEM_MIB"}
 
 
-
 def _registry(envs_py: Path) -> set[str]:
     """The keys of ``environment_variables`` in a vllm/envs.py."""
     for node in ast.walk(ast.parse(envs_py.read_text())):
