@@ -126,9 +126,16 @@ def generate(
     log(f"draft-vocab: vLLM up after {time.monotonic() - t0:.0f} s; generating for "
         f"{len(prompts)} prompt(s), up to {max_tokens} tokens each")
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    conversations: Any = [[{"role": "user", "content": p}] for p in prompts]
+    # Each prompt as one user turn of the model's own chat template, as a served chat is.
+    tokenizer = llm.get_tokenizer()
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+        )
+        for p in prompts
+    ]
     t0 = time.monotonic()
-    results = llm.chat(conversations, params, use_tqdm=False)
+    results = llm.generate(texts, params, use_tqdm=False)
     outputs = [list(r.outputs[0].token_ids) for r in results]
     total = sum(len(o) for o in outputs)
     log(f"draft-vocab: generated {total} tokens in {time.monotonic() - t0:.0f} s")

@@ -7,8 +7,10 @@
    argmax over the listed ids (also through the masking fallback of a quantized lm_head), and
    a malformed file is refused naming itself.
 2. A real MTP speculation on the CPU build (demo model given an MTP head): the engine's own
-   Qwen3NextMTP drafts only listed ids from a copy of their lm_head rows, and the greedy tokens
-   equal those of the same model served without speculation.
+   Qwen3NextMTP drafts only listed ids from a copy of their lm_head rows once the file is
+   there, over all ids without it, and the greedy tokens are the same both ways. (Against the
+   model without speculation they are not compared: the CPU build runs the hybrid model in
+   bf16 only, and a 3-token verify rounds differently from a 1-token step, gotcha 13.)
 """
 
 from __future__ import annotations
@@ -94,32 +96,37 @@ def test_restricted_head_drafts_only_listed_ids(
 
 
 def test_mtp_greedy_tokens_unchanged_and_drafts_listed_ids(
-    patched_cpu_tree: Path, run_in_tree: Callable[..., Any],
-    tmp_path: Path,
+    patched_cpu_tree: Path, run_in_tree: Callable[..., Any], tmp_path: Path,
 ) -> None:
     import torch
 
     model = write_demo_model(tmp_path / "demo", "qwen3_next").path
     add_mtp_head(model)
     listed = list(range(0, 1472, 2))  # every even id: half the demo vocabulary
-    torch.save(torch.tensor(listed, dtype=torch.int64), model / "mtp_draft_vocab_ids.pt")
 
-    runs = {}
-    for mode in ("plain", "mtp"):
-        out = tmp_path / f"{mode}.json"
+    runs: dict[str, dict[str, Any]] = {}
+    for run in ("full", "listed"):
+        if run == "listed":
+            torch.save(torch.tensor(listed, dtype=torch.int64), model / "mtp_draft_vocab_ids.pt")
+        out = tmp_path / f"{run}.json"
         t0 = time.monotonic()
         proc = run_in_tree(patched_cpu_tree, _HERE / "generate_probe.py",
-                           args=[str(model), mode, str(out)], timeout=500)
+                           args=[str(model), "mtp", str(out)], timeout=500)
         assert proc.returncode == 0, proc.stderr[-4000:]
-        runs[mode] = json.loads(out.read_text())
-        print(f"\n{mode}: {time.monotonic() - t0:.0f} s")
-        if mode == "mtp":
-            assert "MTP draft vocabulary: 736 of 1472 ids" in proc.stderr
-    head = runs["mtp"]["head"]
-    assert head["class"] == "Qwen3NextMTP"
-    assert head["sub_weight"] is True
-    assert head["finite_ids"] == listed
-    assert set(head["argmax_ids"]) <= set(listed)
-    assert runs["mtp"]["tokens"] == runs["plain"]["tokens"]
-    # The greedy answers use unlisted (odd) ids too: the target still decides over all ids.
-    assert any(t % 2 for row in runs["plain"]["tokens"] for t in row)
+        runs[run] = json.loads(out.read_text())
+        reads = "MTP draft vocabulary: 736 of 1472 ids" in proc.stderr
+        assert reads == (run == "listed")
+        print(f"\n{run}: {time.monotonic() - t0:.0f} s, drafted "
+              f"{runs[run].get('draft_tokens')}, accepted {runs[run].get('accepted_tokens')}")
+    full, restricted = runs["full"]["head"], runs["listed"]["head"]
+    assert full["class"] == restricted["class"] == "Qwen3NextMTP"
+    # Without the file the engine's head drafts over the whole vocabulary (stock behaviour).
+    assert len(full["finite_ids"]) == 1472 and not full["sub_weight"]
+    assert restricted["sub_weight"] is True
+    assert restricted["finite_ids"] == listed
+    assert set(restricted["argmax_ids"]) <= set(listed)
+    assert any(t % 2 for t in full["argmax_ids"])  # the full head does pick unlisted ids
+    # Same greedy tokens with and without the restriction: the target verifies over all ids,
+    # and its answers use unlisted (odd) ids too.
+    assert runs["listed"]["tokens"] == runs["full"]["tokens"]
+    assert any(t % 2 for row in runs["full"]["tokens"] for t in row)
