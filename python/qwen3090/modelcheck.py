@@ -177,19 +177,19 @@ def _check_tokenizer(path: Path) -> list[str]:
 
 
 def preparation_problems(path: Path) -> list[str]:
-    """Why the preparation manifest of ``path`` no longer stands: an output of a recorded step
-    is missing or altered (its sha256 differs), or the manifest is unreadable. [] for a raw
-    directory (no manifest) and for an intact prepared one."""
+    """Why the preparation manifest of ``path`` no longer stands, each with its fix: an output
+    of a recorded step is missing or altered (its sha256 differs), or the manifest is
+    unreadable. [] for a raw directory (no manifest) and for an intact prepared one."""
     from qwen3090.prepare.record import MANIFEST_NAME, output_problems, read_manifest
 
     try:
         data = read_manifest(path)
     except ValueError as err:
-        return [str(err)]
+        return [f"{err}; fix: delete {path / MANIFEST_NAME} and rerun `qwen3090 prepare`"]
     if data is None:
         return []
     return [
-        f"{problem} ({MANIFEST_NAME})"
+        f"{problem} ({MANIFEST_NAME}); fix: rerun `qwen3090 prepare {step} {path} --force`"
         for step, entry in sorted(data["steps"].items())
         for problem in output_problems(path, step, entry if isinstance(entry, dict) else {})
     ]
@@ -244,10 +244,7 @@ def check_model_dir(
             found.extend(_check_tokenizer(path))
     problems.extend(f"{path}: {p}; fix: {fix}" for p in found)
     if prepared and path.is_dir():
-        problems.extend(
-            f"{path}: {p}; fix: rerun `qwen3090 prepare STEP {path} --force` for that step"
-            for p in preparation_problems(path)
-        )
+        problems.extend(f"{path}: {p}" for p in preparation_problems(path))
     return problems
 
 

@@ -114,7 +114,7 @@ def test_mtp_greedy_tokens_unchanged_and_drafts_listed_ids(
                            args=[str(model), "mtp", str(out)], timeout=500)
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs[run] = json.loads(out.read_text())
-        reads = "MTP draft vocabulary: 736 of 1472 ids" in proc.stderr
+        reads = "MTP draft vocabulary: 736 of 1472 ids" in proc.stdout + proc.stderr
         assert reads == (run == "listed")
         print(f"\n{run}: {time.monotonic() - t0:.0f} s, drafted "
               f"{runs[run].get('draft_tokens')}, accepted {runs[run].get('accepted_tokens')}")

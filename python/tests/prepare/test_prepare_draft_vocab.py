@@ -78,4 +78,4 @@ def test_draft_vocab_from_served_outputs_resumable_and_checked(tmp_path: Path) -
     altered, _ = _qwen3090("check", "model", str(model))
     assert altered.returncode == 1
     assert "mtp_draft_vocab_ids.pt (from step 'draft-vocab') no longer matches" in altered.stderr
-    assert "qwen3090 prepare STEP" in altered.stderr
+    assert f"fix: rerun `qwen3090 prepare draft-vocab {model} --force`" in altered.stderr

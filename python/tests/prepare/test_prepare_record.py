@@ -84,6 +84,7 @@ def test_check_tells_prepared_from_raw_and_flags_altered_or_missing_outputs(
     (model / dv.VOCAB_FILE).write_bytes(b"altered")
     (problem,) = preparation_problems(model)
     assert "no longer matches its recorded sha256" in problem
+    assert problem.endswith(f"fix: rerun `qwen3090 prepare draft-vocab {model} --force`")
     (model / dv.VOCAB_FILE).unlink()
     (problem,) = preparation_problems(model)
     assert "is missing" in problem
