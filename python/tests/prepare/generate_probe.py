@@ -34,7 +34,9 @@ def inspect_head(worker: Any) -> dict[str, Any]:
     hidden = hidden.to(next(head.parameters()).dtype)
     with torch.no_grad():
         logits = head.compute_logits(hidden)
+        top = head.get_top_tokens(hidden) if hasattr(head, "get_top_tokens") else None
     return {
+        "top_token_ids": None if top is None else sorted(set(top.tolist())),
         "class": type(head).__name__,
         "finite_ids": sorted(torch.isfinite(logits).any(0).nonzero().flatten().tolist()),
         "argmax_ids": sorted(set(logits.argmax(-1).tolist())),

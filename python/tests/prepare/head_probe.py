@@ -58,7 +58,7 @@ def main() -> None:
 
     errors: dict[str, str | None] = {}
     for name, tensor in (
-        ("int32", torch.tensor(IDS, dtype=torch.int32)),
+        ("float", torch.tensor(IDS, dtype=torch.float32)),
         ("out_of_range", torch.tensor([*IDS, VOCAB], dtype=torch.int64)),
         ("repeated", torch.tensor([*IDS, IDS[0]], dtype=torch.int64)),
         ("two_dim", torch.tensor([IDS], dtype=torch.int64)),
@@ -72,8 +72,21 @@ def main() -> None:
         except ValueError as err:
             errors[name] = str(err)
 
+    int32 = work / "int32"
+    int32.mkdir()
+    torch.save(torch.tensor(IDS, dtype=torch.int32), int32 / mdv.DRAFT_VOCAB_FILE)
+    int32_ids = mdv.load_draft_vocab(str(int32), VOCAB)
+    as_list = work / "list"
+    as_list.mkdir()
+    torch.save(list(IDS), as_list / mdv.DRAFT_VOCAB_FILE)
+    list_ids = mdv.load_draft_vocab(str(as_list), VOCAB)
+
     print(json.dumps({
         "module": True,
+        "int32_and_list_read_as_int64": [
+            None if t is None else [str(t.dtype), t.tolist()]
+            for t in (int32_ids, list_ids)
+        ],
         "raw_dir_head": mdv.DraftVocabHead.from_model_dir(str(raw), VOCAB) is not None,
         "sub_weight": head.weight is not None and tuple(head.weight.shape) == (len(IDS), HIDDEN),
         "finite_ids": sorted(torch.isfinite(logits).any(0).nonzero().flatten().tolist()),

@@ -5,12 +5,14 @@
    0.28.0 tree: stock has no reader (the fetched file was read by nothing); patched, every
    unlisted id gets -inf, the listed logits equal the full head's, the greedy draft is the
    argmax over the listed ids (also through the masking fallback of a quantized lm_head), and
-   a malformed file is refused naming itself.
-2. A real MTP speculation on the CPU build (demo model given an MTP head): the engine's own
-   Qwen3NextMTP drafts only listed ids from a copy of their lm_head rows once the file is
-   there, over all ids without it, and the greedy tokens are the same both ways. (Against the
-   model without speculation they are not compared: the CPU build runs the hybrid model in
-   bf16 only, and a 3-token verify rounds differently from a 1-token step, gotcha 13.)
+   a file of int32 ids or a plain list is read as int64, and a malformed file (float ids, an
+   id outside the vocabulary, a repeated id, 2-D) is refused naming itself.
+2. A real MTP speculation on the CPU build (a demo model given an MTP head, for each of the
+   two MTP classes the patch touches): the engine's own head drafts only listed ids from a
+   copy of their lm_head rows once the file is there, over all ids without it, and the greedy
+   tokens are the same both ways. (Against the model without speculation they are not
+   compared: the CPU build runs the hybrid model in bf16 only, and a 3-token verify rounds
+   differently from a 1-token step, gotcha 13.)
 """
 
 from __future__ import annotations
@@ -29,42 +31,49 @@ pytestmark = pytest.mark.patch
 
 _HERE = Path(__file__).resolve().parent
 IDS = [3, 7, 11, 25, 41, 60, 88]
+IDS_IN_FILE_ORDER = [41, 7, 3, 88, 11, 60, 25]  # head_probe.py's list, frequency order
 
 
 def add_mtp_head(model: Path, seed: int = 0) -> None:
-    """Give a ``qwen3_next`` demo model an MTP head, so vLLM can run ``method=mtp`` on it.
+    """Give a hybrid demo model an MTP head, so vLLM can run ``method=mtp`` on it.
 
-    The demo generator writes no ``mtp.*`` tensors; vLLM's Qwen3NextMTP wants one full-attention
-    decoder layer (``mtp.layers.0``) with an MoE MLP (it refuses a head without one), the ``fc``
-    that fuses embedding and hidden state, and three norms. vLLM reads the layer's index (0) from
-    its name, and the demo's ``mlp_only_layers`` makes layers 0 and 1 dense, so layer 0 of the
-    model becomes MoE too (``mlp_only_layers = [1]``, layer 3's experts copied). The MTP layer is a
-    copy of layer 3 (right shapes, random values); the head drafts badly, which is all a
-    greedy-equality test needs.
+    The demo generator writes no ``mtp.*`` tensors. Both MTP classes want one full-attention
+    decoder layer (``mtp.layers.0``), the ``fc`` that fuses embedding and hidden state, and
+    three norms; the layer is a copy of the demo's full-attention layer 3 (right shapes,
+    random values), so the head drafts badly, which a greedy-equality test does not mind.
+    ``qwen3_5``: ``mtp_num_hidden_layers`` (dense MLP). ``qwen3_next``:
+    ``num_nextn_predict_layers``, and Qwen3NextMTP refuses a head without an MoE MLP while
+    vLLM reads the layer's index (0) from its name and the demo makes layers 0 and 1 dense:
+    layer 0 of the model becomes MoE too (``mlp_only_layers = [1]``, layer 3's experts).
     """
     import torch
     from safetensors.torch import load_file, save_file
 
     weights = load_file(str(model / "model.safetensors"))
     config = json.loads((model / "config.json").read_text())
+    next_arch = config["model_type"] == "qwen3_next"
     hidden = int(config["hidden_size"])
     gen = torch.Generator().manual_seed(seed)
-    weights = {k: v for k, v in weights.items() if not k.startswith("model.layers.0.mlp.")}
+    if next_arch:
+        weights = {k: v for k, v in weights.items() if not k.startswith("model.layers.0.mlp.")}
     mtp: dict[str, torch.Tensor] = {}
     for name, tensor in list(weights.items()):
         rest = name.removeprefix("model.layers.3.")
         if rest == name:
             continue
         mtp[f"mtp.layers.0.{rest}"] = tensor.clone()
-        if rest.startswith("mlp."):
+        if next_arch and rest.startswith("mlp."):
             mtp[f"model.layers.0.{rest}"] = tensor.clone()
     mtp["mtp.fc.weight"] = (torch.randn(hidden, 2 * hidden, generator=gen) * 0.02).to(
         torch.bfloat16)
     for norm in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding"):
         mtp[f"mtp.{norm}.weight"] = torch.zeros(hidden, dtype=torch.bfloat16)
     save_file({**weights, **mtp}, str(model / "model.safetensors"), metadata={"format": "pt"})
-    config["num_nextn_predict_layers"] = 1
-    config["mlp_only_layers"] = [1]
+    if next_arch:
+        config["num_nextn_predict_layers"] = 1
+        config["mlp_only_layers"] = [1]
+    else:
+        config["mtp_num_hidden_layers"] = 1
     (model / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -91,16 +100,20 @@ def test_restricted_head_drafts_only_listed_ids(
     assert got["mask_path"] is True
     assert got["mask_equals_reference"] is True
     assert got["mask_top_equals_reference"] is True
+    assert got["int32_and_list_read_as_int64"] == [["torch.int64", IDS_IN_FILE_ORDER]] * 2
     for name, message in got["errors"].items():
         assert message and "mtp_draft_vocab_ids.pt" in message and "fix:" in message, name
 
 
+@pytest.mark.parametrize(("arch", "head_class"),
+                         [("qwen3_next", "Qwen3NextMTP"), ("qwen3_5", "Qwen3_5MTP")])
 def test_mtp_greedy_tokens_unchanged_and_drafts_listed_ids(
-    patched_cpu_tree: Path, run_in_tree: Callable[..., Any], tmp_path: Path,
+    arch: str, head_class: str, patched_cpu_tree: Path, run_in_tree: Callable[..., Any],
+    tmp_path: Path,
 ) -> None:
     import torch
 
-    model = write_demo_model(tmp_path / "demo", "qwen3_next").path
+    model = write_demo_model(tmp_path / "demo", arch).path
     add_mtp_head(model)
     listed = list(range(0, 1472, 2))  # every even id: half the demo vocabulary
 
@@ -119,12 +132,16 @@ def test_mtp_greedy_tokens_unchanged_and_drafts_listed_ids(
         print(f"\n{run}: {time.monotonic() - t0:.0f} s, drafted "
               f"{runs[run].get('draft_tokens')}, accepted {runs[run].get('accepted_tokens')}")
     full, restricted = runs["full"]["head"], runs["listed"]["head"]
-    assert full["class"] == restricted["class"] == "Qwen3NextMTP"
+    assert full["class"] == restricted["class"] == head_class
     # Without the file the engine's head drafts over the whole vocabulary (stock behaviour).
     assert len(full["finite_ids"]) == 1472 and not full["sub_weight"]
     assert restricted["sub_weight"] is True
     assert restricted["finite_ids"] == listed
     assert set(restricted["argmax_ids"]) <= set(listed)
+    if head_class == "Qwen3_5MTP":  # its local-argmax path, get_top_tokens, is patched too
+        assert set(restricted["top_token_ids"]) <= set(listed)
+        assert restricted["top_token_ids"] == restricted["argmax_ids"]
+        assert any(t % 2 for t in full["top_token_ids"])
     assert any(t % 2 for t in full["argmax_ids"])  # the full head does pick unlisted ids
     # Same greedy tokens with and without the restriction: the target verifies over all ids,
     # and its answers use unlisted (odd) ids too.

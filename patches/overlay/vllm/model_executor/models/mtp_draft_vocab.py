@@ -35,11 +35,15 @@ def load_draft_vocab(model: str, vocab_size: int) -> torch.Tensor | None:
     path = Path(model) / DRAFT_VOCAB_FILE
     if not path.is_file():
         return None
-    ids = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() == 0:
-        raise ValueError(f"{path}: not a non-empty 1-D tensor of token ids; fix: {_FIX}")
-    if ids.dtype != torch.int64:
-        raise ValueError(f"{path}: dtype {ids.dtype}, not int64; fix: {_FIX}")
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(loaded, list | tuple) and all(isinstance(i, int) for i in loaded):
+        loaded = torch.tensor(loaded, dtype=torch.int64)
+    if not isinstance(loaded, torch.Tensor) or loaded.dim() != 1 or loaded.numel() == 0:
+        raise ValueError(f"{path}: not a non-empty 1-D list of token ids; fix: {_FIX}")
+    if loaded.is_floating_point() or loaded.is_complex() or loaded.dtype == torch.bool:
+        raise ValueError(f"{path}: dtype {loaded.dtype}, not an integer one; fix: {_FIX}")
+    # Files written by other tools may hold int32 ids; index_select wants int64.
+    ids = loaded.to(torch.int64)
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         raise ValueError(
