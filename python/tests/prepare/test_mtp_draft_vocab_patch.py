@@ -12,7 +12,9 @@
    copy of their lm_head rows once the file is there, over all ids without it, and the greedy
    tokens are the same both ways. (Against the model without speculation they are not
    compared: the CPU build runs the hybrid model in bf16 only, and a 3-token verify rounds
-   differently from a 1-token step, gotcha 13.)
+   differently from a 1-token step, gotcha 13.) The random heads get no draft accepted, so:
+3. A model built to answer id 0 forever: the full head drafts 0 and every draft is accepted;
+   a list without 0 turns every draft into a rejection; the tokens stay the same.
 """
 
 from __future__ import annotations
@@ -147,3 +149,38 @@ def test_mtp_greedy_tokens_unchanged_and_drafts_listed_ids(
     # and its answers use unlisted (odd) ids too.
     assert runs["listed"]["tokens"] == runs["full"]["tokens"]
     assert any(t % 2 for row in runs["full"]["tokens"] for t in row)
+
+
+def test_unlisted_draft_is_rejected_by_the_target_and_output_stays(
+    patched_cpu_tree: Path, run_in_tree: Callable[..., Any], tmp_path: Path,
+) -> None:
+    """A model whose every answer is id 0: its final norms are zeroed (Gemma-style RMSNorm,
+    x * (1 + w), w = -1), so every logit ties and argmax takes id 0, for the target and for
+    the MTP head alike. Over the full vocabulary the head drafts 0 and every draft is accepted;
+    with a list lacking 0 it must draft a listed id, and the target rejects every draft. The
+    tokens are the same, all 0, both ways."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = write_demo_model(tmp_path / "demo", "qwen3_next").path
+    add_mtp_head(model)
+    weights = load_file(str(model / "model.safetensors"))
+    for name in ("model.norm.weight", "mtp.norm.weight"):
+        weights[name] = torch.full_like(weights[name], -1.0)
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+
+    runs: dict[str, dict[str, Any]] = {}
+    for run in ("full", "listed"):
+        if run == "listed":
+            torch.save(torch.arange(1, 1472, dtype=torch.int64), model / "mtp_draft_vocab_ids.pt")
+        out = tmp_path / f"{run}.json"
+        proc = run_in_tree(patched_cpu_tree, _HERE / "generate_probe.py",
+                           args=[str(model), "mtp", str(out)], timeout=500)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[run] = json.loads(out.read_text())
+        print(f"\n{run}: drafted {runs[run]['draft_tokens']}, "
+              f"accepted {runs[run]['accepted_tokens']}")
+    assert all(set(row) == {0} for row in runs["full"]["tokens"])
+    assert runs["listed"]["tokens"] == runs["full"]["tokens"]
+    assert runs["full"]["accepted_tokens"] == runs["full"]["draft_tokens"] > 0
+    assert runs["listed"]["draft_tokens"] > 0 and runs["listed"]["accepted_tokens"] == 0

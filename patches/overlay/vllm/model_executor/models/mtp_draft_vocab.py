@@ -5,7 +5,7 @@
 # Why: the MTP head's lm_head spans the whole vocabulary (~248k rows on Qwen3.8-27B), and
 # reading it costs most of a draft step on a 3090. Restricting the draft to the ~40k ids the
 # model actually emits reads a sixth of it; the target still verifies over the full
-# vocabulary, so a token outside the list is only a rejected draft, never a changed output.
+# vocabulary, so a token outside the list is only a rejected draft, never a lost token.
 # The list is ranked by frequency over the model's own outputs (`qwen3090 prepare
 # draft-vocab`), which took coverage from 92% to 97.5% on the original system.
 #
