@@ -176,9 +176,41 @@ def _check_tokenizer(path: Path) -> list[str]:
     return problems
 
 
-def check_model_dir(path: Path, role: str = "target", device: str = "cuda") -> list[str]:
+def preparation_problems(path: Path) -> list[str]:
+    """Why the preparation manifest of ``path`` no longer stands, each with its fix: an output
+    of a recorded step is missing or altered (its sha256 differs), or the manifest is
+    unreadable. [] for a raw directory (no manifest) and for an intact prepared one."""
+    from qwen3090.prepare.record import MANIFEST_NAME, output_problems, read_manifest
+
+    try:
+        data = read_manifest(path)
+    except ValueError as err:
+        return [f"{err}; fix: delete {path / MANIFEST_NAME} and rerun `qwen3090 prepare`"]
+    if data is None:
+        return []
+    return [
+        f"{problem} ({MANIFEST_NAME}); fix: rerun `qwen3090 prepare {step} {path} --force`"
+        for step, entry in sorted(data["steps"].items())
+        for problem in output_problems(path, step, entry if isinstance(entry, dict) else {})
+    ]
+
+
+def prepared_steps(path: Path) -> list[str]:
+    """The steps ``qwen3090 prepare`` recorded for ``path`` ([] for a raw directory)."""
+    from qwen3090.prepare.record import read_manifest
+
+    try:
+        data = read_manifest(path)
+    except ValueError:
+        return []
+    return sorted(data["steps"]) if data else []
+
+
+def check_model_dir(
+    path: Path, role: str = "target", device: str = "cuda", prepared: bool = True
+) -> list[str]:
     """Every reason ``path`` cannot be served in ``role`` ("target" or "draft") by a plan on
-    ``device``; [] when fine.
+    ``device``; [] when fine. ``prepared``: also check the preparation manifest's outputs.
 
     Each message starts with the directory and ends with the fix.
     """
@@ -211,6 +243,8 @@ def check_model_dir(path: Path, role: str = "target", device: str = "cuda") -> l
         if role == "target":
             found.extend(_check_tokenizer(path))
     problems.extend(f"{path}: {p}; fix: {fix}" for p in found)
+    if prepared and path.is_dir():
+        problems.extend(f"{path}: {p}" for p in preparation_problems(path))
     return problems
 
 

@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     what = p.add_subparsers(dest="check_what", required=True, metavar="WHAT")
     model = what.add_parser(
         "model",
-        help="config, every shard, tokenizer (encodes <think>), no 'dflash' in a target path",
+        help="config, every shard, tokenizer (encodes <think>), no 'dflash' in a target path, "
+        "prepared outputs still match their manifest",
     )
     model.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
     model.add_argument(
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_model(args: argparse.Namespace) -> int:
-    from qwen3090.modelcheck import check_model_dir
+    from qwen3090.modelcheck import check_model_dir, prepared_steps
 
     failed = 0
     for directory in args.dirs:
@@ -39,5 +40,7 @@ def run_model(args: argparse.Namespace) -> int:
             for problem in problems:
                 print(f"FAIL {problem}", file=sys.stderr)
         else:
-            print(f"ok   {directory} ({args.role})")
+            steps = prepared_steps(directory)
+            state = f"prepared: {', '.join(steps)}" if steps else "raw: not prepared"
+            print(f"ok   {directory} ({args.role}) {state}")
     return 1 if failed else 0
