@@ -18,6 +18,9 @@ from upstream_select import AcceptedChange
 PASSED = "passed"
 SKIPPED = "skipped"
 FAILED = "failed"
+CAPPED = "capped"
+"""Not run: the first cases of its test function failed (upstream_outcomes' failure cap)."""
+NOT_RUN = frozenset({SKIPPED, CAPPED})
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Comparison:
     failed_both: tuple[str, ...]
     """Did not pass on either side (failed, or failed on one and was skipped on the other)."""
     skipped_both: tuple[str, ...]
+    """Skipped or capped on both sides."""
     regressed: tuple[str, ...]
     """Passed pristine, did not pass patched, not accepted by a patch header."""
     accepted: tuple[tuple[str, AcceptedChange], ...]
@@ -85,7 +89,7 @@ def compare(pristine: SideOutcomes, patched: SideOutcomes,
                 regressed.append(test_id)
         elif after == PASSED:
             fixed.append(test_id)
-        elif before == SKIPPED and after == SKIPPED:
+        elif before in NOT_RUN and after in NOT_RUN:
             skipped_both.append(test_id)
         else:
             failed_both.append(test_id)
@@ -104,8 +108,8 @@ def report(comparison: Comparison, pristine: SideOutcomes, patched: SideOutcomes
     c = comparison
     lines = [
         f"upstream tests: {c.ran} ran, {len(c.passed_both)} passed on both, "
-        f"{len(c.failed_both)} failed on both, {len(c.skipped_both)} skipped on both, "
-        f"{len(c.regressed)} regressed, {len(c.accepted)} accepted changes, "
+        f"{len(c.failed_both)} failed on both, {len(c.skipped_both)} skipped or capped on "
+        f"both, {len(c.regressed)} regressed, {len(c.accepted)} accepted changes, "
         f"{len(c.fixed)} fixed by the series",
     ]
     for test_id in c.regressed:

@@ -27,6 +27,7 @@ from upstream_compare import SideOutcomes
 HERE = Path(__file__).resolve().parent
 PLUGIN = "upstream_outcomes"
 TEST_TIMEOUT_S = 60
+FAIL_CAP = 3
 SIDE_TIMEOUT_S = 480
 
 
@@ -62,6 +63,7 @@ def side_env(tree: Path, workdir: Path, outcomes: Path, cache: Path) -> dict[str
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "UPSTREAM_OUTCOMES": str(outcomes),
+        "UPSTREAM_FAIL_CAP": str(FAIL_CAP),
     })
     return env
 
