@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from upstream_compare import SideOutcomes, compare, report
+from upstream_compare import SideOutcomes, compare, report, rerun_on_patched
 from upstream_select import (
     INFRASTRUCTURE_IMPORTERS,
     AcceptedChange,
@@ -97,24 +97,26 @@ def test_upstream_changes_without_id_or_reason_is_refused(tmp_path: Path, line: 
 
 def test_compare_counts_and_verdict() -> None:
     pristine = SideOutcomes({"a": "passed", "b": "passed", "c": "failed", "d": "passed",
-                             "e": "skipped", "f": "failed", "g": "passed", "h": "passed"},
+                             "e": "skipped", "f": "failed", "g": "passed", "h": "passed",
+                             "i": "capped"},
                             {"tests/x.py": "ImportError: no ray"})
-    patched = SideOutcomes({"a": "passed", "b": "failed", "c": "failed", "d": "failed",
-                            "e": "skipped", "f": "passed", "h": "passed"},
+    patched = SideOutcomes({"a": "passed", "b": "failed", "d": "failed", "e": "skipped",
+                            "f": "passed", "h": "passed"},
                            {"tests/x.py": "ImportError: no ray"})
     declared = [AcceptedChange("d", "p.patch", "why"), AcceptedChange("h", "q.patch", "old")]
     c = compare(pristine, patched, declared)
-    assert (c.ran, c.passed_both, c.failed_both, c.skipped_both) == (8, ("a", "h"), ("c",),
-                                                                    ("e",))
+    assert (c.ran, c.passed_both, c.failed_pristine, c.not_run) == (9, ("a", "h"), ("c",),
+                                                                   ("e", "i"))
     assert c.regressed == ("b", "g")  # g: passed pristine, not run patched
     assert [test_id for test_id, _ in c.accepted] == ["d"]
     assert [a.test_id for a in c.stale] == ["h"]
     assert c.fixed == ("f",)
     assert not c.ok
     text = report(c, pristine, patched)
-    assert "8 ran, 2 passed on both, 1 failed on both" in text
+    assert "9 ran, 2 passed on both, 1 failed on pristine" in text
     assert "REGRESSED g (pristine passed, patched not collected)" in text
     assert "STALE     h" in text
+    assert rerun_on_patched(pristine) == {"a", "b", "d", "e", "g", "h"}
 
 
 def test_compare_passes_clean_runs_and_flags_broken_collection() -> None:
@@ -124,6 +126,18 @@ def test_compare_passes_clean_runs_and_flags_broken_collection() -> None:
     c = compare(SideOutcomes({"b": "failed"}), broken)
     assert c.broken_collection == ("tests/t.py",)
     assert not c.ok
+
+
+def _run_plugin(tmp_path: Path, **env_extra: str) -> dict[str, dict[str, str]]:
+    out = tmp_path / "outcomes.json"
+    env = {**os.environ, "UPSTREAM_OUTCOMES": str(out), "PYTHONPATH": str(HERE), **env_extra}
+    env.pop("PYTEST_ADDOPTS", None)
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
+                    "upstream_outcomes", "-q", "--continue-on-collection-errors", "-p",
+                    "no:xdist", "."], cwd=tmp_path, env=env, capture_output=True,
+                   timeout=120, check=False)
+    data: dict[str, dict[str, str]] = json.loads(out.read_text(encoding="utf-8"))
+    return data
 
 
 def test_outcome_plugin_records_each_phase(tmp_path: Path) -> None:
@@ -139,16 +153,31 @@ def test_outcome_plugin_records_each_phase(tmp_path: Path) -> None:
         "@pytest.mark.skip(reason='r')\n"
         "def test_skip(): pass\n"))
     write(tmp_path / "test_broken.py", "import no_such_module_here\n")
-    out = tmp_path / "outcomes.json"
-    env = {**os.environ, "UPSTREAM_OUTCOMES": str(out), "PYTHONPATH": str(HERE)}
-    env.pop("PYTEST_ADDOPTS", None)
-    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
-                    "upstream_outcomes", "-q", "--continue-on-collection-errors", "-p",
-                    "no:xdist", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
-                   timeout=120, check=False)
-    data = json.loads(out.read_text(encoding="utf-8"))
+    data = _run_plugin(tmp_path)
     assert data["tests"] == {"test_sample.py::test_ok": "passed",
                              "test_sample.py::test_bad": "failed",
                              "test_sample.py::test_teardown": "failed",
                              "test_sample.py::test_skip": "skipped"}
     assert list(data["collect_errors"]) == ["test_broken.py"]
+
+
+def test_outcome_plugin_caps_failing_functions_and_keeps_only(tmp_path: Path) -> None:
+    write(tmp_path / "test_params.py", (
+        "import pytest\n"
+        "@pytest.mark.parametrize('n', range(6))\n"
+        "def test_fails(n): assert False\n"
+        "@pytest.mark.parametrize('n', range(6))\n"
+        "def test_mixed(n): assert n != 0\n"
+        "def test_other(): pass\n"))
+    data = _run_plugin(tmp_path, UPSTREAM_FAIL_CAP="2")
+    fails = [data["tests"][f"test_params.py::test_fails[{n}]"] for n in range(6)]
+    assert fails == ["failed", "failed", "capped", "capped", "capped", "capped"]
+    mixed = [data["tests"][f"test_params.py::test_mixed[{n}]"] for n in range(6)]
+    assert mixed == ["failed", "passed", "passed", "passed", "passed", "passed"]
+
+    only = tmp_path / "only.json"
+    only.write_text(json.dumps(["test_params.py::test_other", "test_params.py::test_mixed[2]"]),
+                    encoding="utf-8")
+    data = _run_plugin(tmp_path, UPSTREAM_ONLY=str(only))
+    assert data["tests"] == {"test_params.py::test_other": "passed",
+                             "test_params.py::test_mixed[2]": "passed"}

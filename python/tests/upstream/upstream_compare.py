@@ -2,8 +2,9 @@
 
 A regression is a test that passed on the pristine tree and did not pass on the patched one
 (failed, or was not collected there), unless a patch header accepts exactly that test id
-(``# upstream-changes:``, see upstream_select). Tests that fail on both trees (no GPU, no
-network, a missing optional dependency) are listed, not counted against the series.
+(``# upstream-changes:``, see upstream_select). Tests that fail on the pristine tree (no GPU,
+no network, a missing optional dependency) are counted in the report, not against the series;
+the patched side does not rerun them (``rerun_on_patched``): they cannot regress.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ class Comparison:
     ran: int
     """Test ids with an outcome on either side."""
     passed_both: tuple[str, ...]
-    failed_both: tuple[str, ...]
-    """Did not pass on either side (failed, or failed on one and was skipped on the other)."""
-    skipped_both: tuple[str, ...]
-    """Skipped or capped on both sides."""
+    failed_pristine: tuple[str, ...]
+    """Failed on the pristine tree (no GPU, no network, a missing optional dependency), so
+    they cannot regress; not passed on the patched tree either, where it ran them."""
+    not_run: tuple[str, ...]
+    """Skipped or capped on the pristine tree, and not passed on the patched one."""
     regressed: tuple[str, ...]
     """Passed pristine, did not pass patched, not accepted by a patch header."""
     accepted: tuple[tuple[str, AcceptedChange], ...]
@@ -52,7 +54,7 @@ class Comparison:
     stale: tuple[AcceptedChange, ...]
     """Header lines naming a test that passed on both trees: the patch no longer changes it."""
     fixed: tuple[str, ...]
-    """Failed pristine, passed patched."""
+    """Did not pass pristine, passed patched."""
     collect_errors: Mapping[str, tuple[str | None, str | None]]
     """Collection error messages per file/node: (pristine, patched)."""
 
@@ -67,12 +69,18 @@ class Comparison:
         return not self.regressed and not self.stale and not self.broken_collection
 
 
+def rerun_on_patched(pristine: SideOutcomes) -> set[str]:
+    """The test ids the patched side runs: all that did not fail or get capped pristine."""
+    return {test_id for test_id, outcome in pristine.tests.items()
+            if outcome in (PASSED, SKIPPED)}
+
+
 def compare(pristine: SideOutcomes, patched: SideOutcomes,
             accepted: Iterable[AcceptedChange] = ()) -> Comparison:
     accepted_by_id = {a.test_id: a for a in accepted}
     passed_both: list[str] = []
-    failed_both: list[str] = []
-    skipped_both: list[str] = []
+    failed_pristine: list[str] = []
+    not_run: list[str] = []
     regressed: list[str] = []
     accepted_hits: list[tuple[str, AcceptedChange]] = []
     fixed: list[str] = []
@@ -89,17 +97,17 @@ def compare(pristine: SideOutcomes, patched: SideOutcomes,
                 regressed.append(test_id)
         elif after == PASSED:
             fixed.append(test_id)
-        elif before in NOT_RUN and after in NOT_RUN:
-            skipped_both.append(test_id)
+        elif before == FAILED:
+            failed_pristine.append(test_id)
         else:
-            failed_both.append(test_id)
+            not_run.append(test_id)
     passed_set = set(passed_both)
     stale = tuple(a for a in accepted_by_id.values() if a.test_id in passed_set)
     errors = {
         node: (pristine.collect_errors.get(node), patched.collect_errors.get(node))
         for node in sorted({*pristine.collect_errors, *patched.collect_errors})
     }
-    return Comparison(len(ids), tuple(passed_both), tuple(failed_both), tuple(skipped_both),
+    return Comparison(len(ids), tuple(passed_both), tuple(failed_pristine), tuple(not_run),
                       tuple(regressed), tuple(accepted_hits), stale, tuple(fixed), errors)
 
 
@@ -108,9 +116,9 @@ def report(comparison: Comparison, pristine: SideOutcomes, patched: SideOutcomes
     c = comparison
     lines = [
         f"upstream tests: {c.ran} ran, {len(c.passed_both)} passed on both, "
-        f"{len(c.failed_both)} failed on both, {len(c.skipped_both)} skipped or capped on "
-        f"both, {len(c.regressed)} regressed, {len(c.accepted)} accepted changes, "
-        f"{len(c.fixed)} fixed by the series",
+        f"{len(c.failed_pristine)} failed on pristine (not passing on patched either), "
+        f"{len(c.not_run)} skipped or capped, {len(c.regressed)} regressed, "
+        f"{len(c.accepted)} accepted changes, {len(c.fixed)} fixed by the series",
     ]
     for test_id in c.regressed:
         lines.append(f"  REGRESSED {test_id} (pristine passed, patched "

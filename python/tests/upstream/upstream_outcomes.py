@@ -12,6 +12,10 @@ kernels and Hub models by the hundred (640 cases of tests/kernels/attention/test
 387 model initializations each in a fresh process); on the CPU build offline their first cases
 show that the rest cannot run either, and running them all would take hours.
 
+Only these (``$UPSTREAM_ONLY``, a JSON list of test ids): every other collected test is
+deselected. The patched side runs only the tests that did not fail on the pristine tree: one
+that failed there cannot regress, and rerunning hundreds of hopeless cases doubles the time.
+
 Standard library and pytest only: it runs inside vLLM's test environment, not ours.
 """
 
@@ -26,6 +30,7 @@ import pytest
 
 OUTCOMES_ENV = "UPSTREAM_OUTCOMES"
 FAIL_CAP_ENV = "UPSTREAM_FAIL_CAP"
+ONLY_ENV = "UPSTREAM_ONLY"
 CAPPED = "capped"
 _RANK = {"passed": 0, "skipped": 1, CAPPED: 1, "failed": 2}
 
@@ -35,13 +40,25 @@ def _function_id(nodeid: str) -> str:
 
 
 class _Outcomes:
-    def __init__(self, target: Path | None, fail_cap: int) -> None:
+    def __init__(self, target: Path | None, fail_cap: int, only: set[str] | None) -> None:
         self.target = target
         self.fail_cap = fail_cap
+        self.only = only
         self.tests: dict[str, str] = {}
         self.collect_errors: dict[str, str] = {}
         self.failed_cases: Counter[str] = Counter()
         self.passed_functions: set[str] = set()
+
+    @pytest.hookimpl
+    def pytest_collection_modifyitems(self, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        if self.only is None:
+            return
+        keep = [item for item in items if item.nodeid in self.only]
+        dropped = [item for item in items if item.nodeid not in self.only]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -86,6 +103,8 @@ class _Outcomes:
 def pytest_configure(config: pytest.Config) -> None:
     target = os.environ.get(OUTCOMES_ENV)
     cap = int(os.environ.get(FAIL_CAP_ENV) or 0)
-    if target or cap:
-        config.pluginmanager.register(_Outcomes(Path(target) if target else None, cap),
-                                      "upstream-outcomes-writer")
+    only_file = os.environ.get(ONLY_ENV)
+    only = set(json.loads(Path(only_file).read_text(encoding="utf-8"))) if only_file else None
+    if target or cap or only is not None:
+        config.pluginmanager.register(
+            _Outcomes(Path(target) if target else None, cap, only), "upstream-outcomes-writer")

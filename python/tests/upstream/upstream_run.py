@@ -14,12 +14,13 @@ every test anyway, and each side has a wall-clock limit.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from upstream_compare import SideOutcomes
@@ -69,8 +70,9 @@ def side_env(tree: Path, workdir: Path, outcomes: Path, cache: Path) -> dict[str
 
 
 def run_side(name: str, tree: Path, workdir: Path, files: Sequence[str],
-             workers: int = 2) -> tuple[SideOutcomes, str]:
-    """Run ``files`` (paths relative to ``workdir``) against ``tree``: outcomes and the log."""
+             only: Collection[str] | None = None, workers: int = 2) -> tuple[SideOutcomes, str]:
+    """Run ``files`` (paths relative to ``workdir``) against ``tree``, or of them only the test
+    ids ``only``: the outcomes and the log."""
     outcomes = workdir.parent / f"{name}-outcomes.json"
     log = workdir.parent / f"{name}.log"
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", PLUGIN, "-q",
@@ -79,6 +81,10 @@ def run_side(name: str, tree: Path, workdir: Path, files: Sequence[str],
         argv += ["-n", str(workers)]
     argv += list(files)
     env = side_env(tree, workdir, outcomes, workdir.parent / f"{name}-cache")
+    if only is not None:
+        only_file = workdir.parent / f"{name}-only.json"
+        only_file.write_text(json.dumps(sorted(only)), encoding="utf-8")
+        env["UPSTREAM_ONLY"] = str(only_file)
     with log.open("w", encoding="utf-8") as out:
         # A session of its own, so a side past its limit is ended with its xdist workers and
         # whatever servers its tests started.
