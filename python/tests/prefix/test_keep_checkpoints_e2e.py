@@ -40,7 +40,7 @@ KEEP_ENV = "VLLM_MAMBA_ALIGN_KEEP_CHECKPOINTS"
 # the attention group and the three Gated DeltaNet groups together: the unrelated requests
 # served during one turn's decode cycle every free block, as other users' traffic does.
 POOL = ("--max-model-len", "16384", "--num-gpu-blocks-override", "40")
-TURNS = 4
+TURNS = 5
 # Long enough that the other requests, admitted as blocks free up, all finish inside it.
 TURN_DECODE_TOKENS = 200
 OTHERS_PER_TURN = 6
@@ -163,6 +163,10 @@ def test_conversation_hits_survive_traffic_between_turns(
     assert [t.prompt_tokens for t in stock] == [t.prompt_tokens for t in patched]
     # Turn 0 has nothing to hit. Turn 1 reads 0 on both trees in this scenario (measured; its
     # cause is not pinned down yet: the pool is still fresh when turn 0's others run). From
-    # turn 2 on the patched tree hits every turn and stock, same requests, hits none.
+    # turn 2 on the patched tree hits every turn. Stock's misses depend on when the other
+    # requests are admitted beside the turn (a fresh-clone CI run saw 2560 then 0 on turns 2-3
+    # where this machine had seen zeros only): it must fall to 0 at least once, the gotcha's
+    # symptom.
     assert all(t.cached_tokens > 0 for t in patched[2:]), patched
-    assert all(t.cached_tokens == 0 for t in stock[2:]), stock
+    assert any(t.cached_tokens == 0 for t in stock[2:]), stock
+    assert sum(t.cached_tokens for t in patched) > sum(t.cached_tokens for t in stock)
