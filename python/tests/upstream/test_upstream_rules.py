@@ -130,7 +130,10 @@ def test_compare_passes_clean_runs_and_flags_broken_collection() -> None:
 
 def _run_plugin(tmp_path: Path, **env_extra: str) -> dict[str, dict[str, str]]:
     out = tmp_path / "outcomes.json"
-    env = {**os.environ, "UPSTREAM_OUTCOMES": str(out), "PYTHONPATH": str(HERE), **env_extra}
+    # HERE first, keeping the caller's path: under Nix's python-tests check pytest itself
+    # comes from PYTHONPATH (the test tools' site-packages).
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "UPSTREAM_OUTCOMES": str(out), "PYTHONPATH": path, **env_extra}
     env.pop("PYTEST_ADDOPTS", None)
     subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
                     "upstream_outcomes", "-q", "--continue-on-collection-errors", "-p",
