@@ -62,6 +62,7 @@ def _bad_flag(flag: str, value: object, why: str) -> Exception:
 def run_draft_vocab(args: argparse.Namespace) -> int:
     from qwen3090.errors import Qwen3090Error
     from qwen3090.modelcheck import check_model_dir
+    from qwen3090.patchtool import sha256_file
     from qwen3090.prepare import draft_vocab as dv
     from qwen3090.prepare import record
     from qwen3090.prepare.prompts import BUILTIN_PROMPTS, read_prompt_file
@@ -111,7 +112,7 @@ def run_draft_vocab(args: argparse.Namespace) -> int:
         "prompts": len(prompts),
     }
     record.record_step(model, record.StepRecord(
-        step=dv.STEP, inputs=inputs, outputs={dv.VOCAB_FILE: record.sha256_file(out)},
+        step=dv.STEP, inputs=inputs, outputs={dv.VOCAB_FILE: sha256_file(out)},
         report=report,
     ))
     print(

@@ -22,20 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from qwen3090 import __version__
+from qwen3090.patchtool import sha256_file
 
 MANIFEST_NAME = "qwen3090-prepared.json"
 _FORMAT = 1
 # Files whose bytes define the model for a preparation step (weights are fingerprinted apart).
 _MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
                 "generation_config.json", "model.safetensors.index.json")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def model_fingerprint(model: Path) -> str:

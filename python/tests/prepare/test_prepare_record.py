@@ -10,6 +10,7 @@ import pytest
 
 from qwen3090.errors import Qwen3090Error
 from qwen3090.modelcheck import preparation_problems, prepared_steps
+from qwen3090.patchtool import sha256_file
 from qwen3090.prepare import draft_vocab as dv
 from qwen3090.prepare import record
 from qwen3090.prepare.prompts import BUILTIN_PROMPTS, read_prompt_file
@@ -57,7 +58,7 @@ def _prepared(tmp_path: Path) -> tuple[Path, dict[str, object]]:
     inputs: dict[str, object] = {"model": record.model_fingerprint(model), "top": 3}
     record.record_step(model, record.StepRecord(
         step=dv.STEP, inputs=inputs,
-        outputs={dv.VOCAB_FILE: record.sha256_file(model / dv.VOCAB_FILE)}, report={}))
+        outputs={dv.VOCAB_FILE: sha256_file(model / dv.VOCAB_FILE)}, report={}))
     return model, inputs
 
 
