@@ -42,6 +42,7 @@ LOG_PATTERNS = {
     "spec": r"[Ss]peculative|MTP|mtp|acceptance|Drafter|drafter",
     "spec_decode_attention": r"spec-decode attention",
     "probe": r"gpue2e-probe: ",
+    "jit_after_warmup": r"Triton kernel JIT compilation during inference",
     "errors": r"Traceback|Error|error:|RuntimeError|ImportError|ModuleNotFound",
 }
 KEEP_PER_PATTERN = 12

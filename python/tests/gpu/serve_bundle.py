@@ -56,13 +56,15 @@ TOP = (
     "pycountry", "email-validator", "loguru",
 )
 # On the machine already (its image), or not wanted on this tier (GPU libraries the served
-# path does not import, Windows-only, optional servers and alternative grammar backends).
+# path does not import, Windows-only, optional servers). The alternative grammar backends
+# (outlines-core, lm-format-enforcer) stay in: SamplingParams validation imports all of them on
+# every structured-output request, whichever backend serves (the second recorded run's wall).
 SKIP = {
     "torch", "torchaudio", "torchvision", "torchcodec", "pynvvideocodec", "flashinfer-python",
     "tilelang", "nvidia-cudnn-frontend", "nvtx", "fastsafetensors", "nvidia-cutlass-dsl",
     "quack-kernels", "tokenspeed-mla", "humming-kernels", "numba", "triton", "vllm",
     "pywin32", "win32-setctime", "contextvars", "aiocontextvars", "httpx2-jsfetch", "anthropic",
-    "mcp", "mcp-types", "outlines-core", "lm-format-enforcer", "interegular",
+    "mcp", "mcp-types",
 }
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",

@@ -8,6 +8,11 @@ taken while capturing is baked into that graph and runs on every replay, which i
 end-to-end tier must show. Lines go to stderr (the server log) as
 ``gpue2e-probe: spec-decode-attn taken capturing=<bool> count=<n> kernel=<name>`` at counts
 1, 10, 100 and 1000 of each kind.
+
+vLLM's API server answers an exception it did not expect with a 500 whose message is the
+exception's text, and logs only its type at debug level; an exception without text (a bare
+assert) leaves nothing to read. ``create_error_response`` is wrapped too, so each exception it
+turns into a response is printed whole, as ``gpue2e-probe: error-response`` and the traceback.
 """
 
 from __future__ import annotations
@@ -19,11 +24,27 @@ import sys
 from types import ModuleType
 from typing import Any
 
-TARGET = "vllm.v1.attention.ops.spec_decode_attention"
+SPEC_ATTN = "vllm.v1.attention.ops.spec_decode_attention"
+ERROR_RESPONSE = "vllm.entrypoints.serve.exception_handling.error_response"
 REPORT_AT = (1, 10, 100, 1000)
 
 
-def _wrap(module: ModuleType) -> None:
+def _wrap_error_response(module: ModuleType) -> None:
+    import traceback
+
+    original = module.create_error_response
+
+    def create_error_response(message: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(message, BaseException):
+            text = "".join(traceback.format_exception(message))
+            print(f"gpue2e-probe: error-response {type(message).__name__}\n{text}",
+                  file=sys.stderr, flush=True)
+        return original(message, *args, **kwargs)
+
+    module.create_error_response = create_error_response
+
+
+def _wrap_spec_attn(module: ModuleType) -> None:
     import torch
 
     cls = module.SpecDecodeAttention
@@ -48,13 +69,20 @@ def _wrap(module: ModuleType) -> None:
     print("gpue2e-probe: spec-decode-attn forward wrapped", file=sys.stderr, flush=True)
 
 
+WRAPPERS = {SPEC_ATTN: _wrap_spec_attn, ERROR_RESPONSE: _wrap_error_response}
+
+
 class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self.done: set[str] = set()
+
     def find_spec(
         self, name: str, path: Any, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if name != TARGET:
+        wrap = WRAPPERS.get(name)
+        if wrap is None or name in self.done:
             return None
-        sys.meta_path.remove(self)  # find the real module once, with the other finders
+        self.done.add(name)  # find the real module once, with the other finders
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
@@ -63,7 +91,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            _wrap(module)
+            wrap(module)
 
         loader.exec_module = exec_module
         return spec
