@@ -31,7 +31,9 @@ import time
 from pathlib import Path
 
 import pytest
-from obs_stack import (
+
+from qwen3090.bootlog import parse_boot_log
+from tests.support.obs_stack import (
     RULES,
     ExporterProc,
     PrometheusProc,
@@ -47,8 +49,6 @@ from obs_stack import (
     tool,
     wait_until,
 )
-
-from qwen3090.bootlog import parse_boot_log
 
 pytestmark = pytest.mark.e2e_cpu
 

@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 
 import pytest
-from obs_stack import start_cpu_server
 
 from qwen3090.bootlog import parse_boot_log
+from tests.support.obs_stack import start_cpu_server
 
 pytestmark = pytest.mark.e2e_cpu
 

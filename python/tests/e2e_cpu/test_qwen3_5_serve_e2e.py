@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import patchtrees
 import pytest
 
 from qwen3090.knobs import NAMES
 from qwen3090.localserver import LocalServer, reserve_port, start_server
+from tests.support import patchtrees
 
 pytestmark = pytest.mark.e2e_cpu
 

@@ -15,7 +15,6 @@ from typing import Any, get_args
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spine_planning import FULL, STOCK
 
 from qwen3090.capabilities import (
     EXTERNAL_ENV,
@@ -29,6 +28,7 @@ from qwen3090.capabilities import (
 from qwen3090.errors import Qwen3090Error
 from qwen3090.knobs import load_settings
 from qwen3090.plan import PlatformFacts, ServePlan, resolve
+from tests.support.planning import FULL, STOCK
 
 pytestmark = pytest.mark.e2e_cpu
 
@@ -54,7 +54,7 @@ def _parses(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namesp
 def test_stock_env_table_matches_vllm_envs(pristine_cpu_tree: Path) -> None:
     # The pristine wheel's tree, not the installed vLLM: python/dev.sh patches that one, and
     # the series registers the patch-only variables this test proves stock lacks.
-    from patchtrees import run_in_tree
+    from tests.support.patchtrees import run_in_tree
 
     done = run_in_tree(
         pristine_cpu_tree,

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-SCRIPT = Path(__file__).resolve().parents[1] / "gpu" / "gate_on_device.py"
+SCRIPT = Path(__file__).resolve().with_name("gate_on_device.py")
 
 
 def _has_nvidia_gpu() -> bool:

@@ -24,9 +24,10 @@ from types import SimpleNamespace
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-# spec_decode_ref (batches, reference, interpreter fix) lives beside this script, so its
-# directory (sys.path[0] when run as a script) finds it; imported where needed because it
-# imports torch.
+# The kernel reference (batches, float32 reference, interpreter fix) is
+# tests/support/spec_decode_ref.py; run as a script, main() puts python/ on sys.path for it.
+# It is imported where needed because it imports torch.
+PYTHON_DIR = Path(__file__).resolve().parents[2]
 # Created by the patch, so imported by name (type checkers see the unpatched vLLM).
 SDA_MODULE = "vllm.v1.attention.ops.spec_decode_attention"
 HOPPER_MODULE = "vllm.v1.attention.ops.spec_decode_attention_hopper"
@@ -109,8 +110,9 @@ class GridRecorder:
 
 
 def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
-    import spec_decode_ref as ref
     import torch
+
+    from tests.support import spec_decode_ref as ref
     sda = importlib.import_module(SDA_MODULE)
 
     cases = CPU_CASES if device == "cpu" else CUDA_CASES
@@ -239,8 +241,9 @@ def static_buffers(batches: list[Any]) -> tuple[Any, Callable[[Any], None]]:
     """Buffers big enough for every batch (all with the same query lengths) and a loader
     that copies one batch into them, the way vLLM keeps persistent inputs for its graphs;
     blocks a smaller batch does not overwrite keep the previous batch's data."""
-    import spec_decode_ref as ref
     import torch
+
+    from tests.support import spec_decode_ref as ref
 
     first = batches[0]
     # PagedBatch.kv_cache is a view of a contiguous (blocks, block_size, kv_heads,
@@ -292,8 +295,9 @@ def check_graph_replay(
     """Capture impl.forward on the first batch (on the CPU: run it), then replay it with
     each batch copied into the same buffers; every replay must match that batch's
     reference, and no replay may need new memory or a new scratch."""
-    import spec_decode_ref as ref
     import torch
+
+    from tests.support import spec_decode_ref as ref
 
     static, load = static_buffers(batches)
     load(batches[0])
@@ -412,8 +416,9 @@ def check_int8_dispatch(
     path on (the split pass, given the scale views TRITON_ATTN carves from the cache) and
     off (stock unified_attention on the same cache): both against the float32 reference of
     the dequantized cache, and against each other."""
-    import spec_decode_ref as ref
     import torch
+
+    from tests.support import spec_decode_ref as ref
 
     batch = ref.make_int8_batch([8, 2, 16], [300, 37, 150], kvh, g, hs, 16, torch.bfloat16,
                                 device, 601)
@@ -452,10 +457,11 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     reference; a prefill-sized batch stays on stock; QMAX is enforced at startup; the
     scratch is allocated once and never replaced; a captured verify batch replays
     correctly with other contexts (check_graph_replay)."""
-    import spec_decode_ref as ref
     import torch
     import vllm.config.vllm as config_mod
     from vllm.v1.attention.backends import triton_attn as ta_mod
+
+    from tests.support import spec_decode_ref as ref
 
     checks: dict[str, Any] = {}
     kinds = ["triton", "flash"]
@@ -881,9 +887,10 @@ def main() -> int:
     if args.dist_dir:
         sys.path.insert(0, args.dist_dir)
     sys.path.insert(0, args.tree)
+    sys.path.insert(1, str(PYTHON_DIR))  # after the tree: its vllm must win
     started = time.perf_counter()
     if args.device == "cpu" and not args.compile_report:
-        import spec_decode_ref
+        from tests.support import spec_decode_ref
 
         spec_decode_ref.fix_interpreter_bf16_dot()
     from vllm.triton_utils import HAS_TRITON

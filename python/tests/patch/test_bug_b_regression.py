@@ -28,7 +28,8 @@ CTX=huge has the same shape exposure; the gotcha measured the corruption at CTX=
 from __future__ import annotations
 
 import pytest
-from patchprobe import Tree
+
+from tests.support.patchprobe import Tree
 
 pytestmark = pytest.mark.patch
 

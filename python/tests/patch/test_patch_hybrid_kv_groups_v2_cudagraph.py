@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from patchprobe import Tree
+
+from tests.support.patchprobe import Tree
 
 pytestmark = pytest.mark.patch
 

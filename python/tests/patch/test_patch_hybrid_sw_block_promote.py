@@ -5,7 +5,8 @@ group's block still divides the largest one (the scheduler's block size is their
 from __future__ import annotations
 
 import pytest
-from patchprobe import Tree
+
+from tests.support.patchprobe import Tree
 
 pytestmark = pytest.mark.patch
 

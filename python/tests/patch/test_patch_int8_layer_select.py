@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import patchtrees
 import pytest
-from patchprobe import PROBES_DIR, Tree
 
 from qwen3090 import patchtool
 from qwen3090.demo_model import write_demo_model
 from qwen3090.resolver import int8_layers
+from tests.support import patchtrees
+from tests.support.patchprobe import PROBES_DIR, Tree
 
 pytestmark = pytest.mark.patch
 

@@ -5,7 +5,8 @@ factor with the cpu_bytes_to_use multiplier that compensates for it."""
 from __future__ import annotations
 
 import pytest
-from patchprobe import Tree
+
+from tests.support.patchprobe import Tree
 
 pytestmark = pytest.mark.patch
 

@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
-from patchprobe import Tree
 
 from qwen3090.vllm_envs import SERIES_REGISTERED, STOCK_VLLM_ENV
+from tests.support.patchprobe import Tree
 
 pytestmark = pytest.mark.patch
 

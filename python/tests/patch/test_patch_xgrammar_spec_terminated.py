@@ -4,7 +4,8 @@ ignored instead of failing the request; a real rejection still fails; reset() cl
 from __future__ import annotations
 
 import pytest
-from patchprobe import Tree
+
+from tests.support.patchprobe import Tree
 
 pytestmark = pytest.mark.patch
 

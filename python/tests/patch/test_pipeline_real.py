@@ -6,13 +6,13 @@ import json
 import time
 from pathlib import Path
 
-import patchtrees
 import pytest
 
 from qwen3090 import patchtool
-from qwen3090.artifacts import fetch_artifact, sha256_of
 from qwen3090.errors import Qwen3090Error
 from qwen3090.pins import Artifact, pinned_artifact
+from tests.support import patchtrees
+from tests.support.artifacts import fetch_artifact, sha256_of
 
 pytestmark = pytest.mark.patch
 

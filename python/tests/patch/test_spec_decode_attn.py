@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import spec_decode_worker as worker
+
+from tests.patch import spec_decode_worker as worker
 
 WORKER = Path(worker.__file__).resolve()
 # bf16 operands and P rounded to bf16 before P@V: relative L2 error lands at 2e-3..6e-3.

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import replay
+
+from tests.support import replay
 
 STUB = replay.REPO / "python" / "tests" / "nix" / "stub-pkgs.nix"
 FAKE_SRC = "/nix/store/00000000000000000000000000000000-source"

@@ -33,7 +33,7 @@ PROM_DIR = REPO / "modules" / "prometheus"
 RULES = PROM_DIR / "rules.yml"
 RULE_TESTS = PROM_DIR / "rules.test.yml"
 SCRAPE_CONFIG = PROM_DIR / "scrape-config.yml"
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "unit" / "data"
 
 
 def tool(name: str) -> str:

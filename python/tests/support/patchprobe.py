@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import patchtrees
+from tests.support import patchtrees
 
-PROBES_DIR = Path(__file__).resolve().parent / "probes"
+PROBES_DIR = Path(__file__).resolve().parents[1] / "patch" / "probes"
 # A probe prints its findings as one JSON object on a line starting with this marker; vLLM's
 # own logging shares stdout, so the marker is what tells the two apart.
 RESULT_MARKER = "QWEN3090-PROBE "

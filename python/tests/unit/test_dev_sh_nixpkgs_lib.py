@@ -15,7 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nixeval import REPO
+
+from tests.support.nixeval import REPO
 
 pytestmark = pytest.mark.unit
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spine_planning import FULL, STOCK, plan_for
 
 from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
 from qwen3090.serve import check_environment
 from qwen3090.vllm_envs import SERIES_REGISTERED, STOCK_VLLM_ENV, environment_problems
+from tests.support.planning import FULL, STOCK, plan_for
 
 pytestmark = pytest.mark.unit
 

@@ -1,8 +1,9 @@
 """``qwen3090 fetch`` without a network: complete dirs make no call; incomplete ones say why.
 
-Every run goes through ``netguard.py``, which logs and refuses each socket connection, with
-``HF_ENDPOINT`` on a closed loopback port as a second fence. The download test shows the guard
-does see the hub client's connections, so an empty log elsewhere means "no call was made".
+Every run goes through ``tests/support/netguard.py``, which logs and refuses each socket
+connection, with ``HF_ENDPOINT`` on a closed loopback port as a second fence. The download
+test shows the guard does see the hub client's connections, so an empty log elsewhere means
+"no call was made".
 The Hugging Face Hub itself is not reachable here: a real download is not exercised.
 """
 
@@ -24,7 +25,7 @@ from qwen3090.pins import FetchTarget, load_targets
 
 pytestmark = pytest.mark.unit
 
-HERE = Path(__file__).parent
+NETGUARD = Path(__file__).resolve().parents[1] / "support" / "netguard.py"
 CLOSED_PORT = 18499  # in this area's port range; asserted closed below
 
 
@@ -59,7 +60,7 @@ def _fetch(
     if offline_env:
         env["HF_HUB_OFFLINE"] = "1"
     done = subprocess.run(
-        [sys.executable, str(HERE / "netguard.py"), str(log), "fetch", *args],
+        [sys.executable, str(NETGUARD), str(log), "fetch", *args],
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )
     return done, log.read_text().splitlines()

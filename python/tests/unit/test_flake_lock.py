@@ -8,7 +8,8 @@ import re
 from typing import Any
 
 import pytest
-from nixeval import REPO
+
+from tests.support.nixeval import REPO
 
 pytestmark = pytest.mark.unit
 

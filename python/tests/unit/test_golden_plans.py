@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from spine_planning import arg_map, plan_for
+
+from tests.support.planning import arg_map, plan_for
 
 pytestmark = pytest.mark.unit
 

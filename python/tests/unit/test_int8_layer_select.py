@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spine_planning import plan_for
 
 from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
 from qwen3090.patchtool import load_series
 from qwen3090.resolver.int8_layers import layer_prefixes, selected
+from tests.support.planning import plan_for
 
 pytestmark = pytest.mark.unit
 

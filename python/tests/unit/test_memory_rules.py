@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spine_planning import STOCK, arg_map, plan_for
 
 from qwen3090 import profiles as P
 from qwen3090.errors import Qwen3090Error
 from qwen3090.plan import PlatformFacts
+from tests.support.planning import STOCK, arg_map, plan_for
 
 pytestmark = pytest.mark.unit
 

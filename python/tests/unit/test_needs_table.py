@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spine_planning import FULL, STOCK, plan_for
 
 from qwen3090.capabilities import EMITTED, NEEDS, NOT_IN_REPOSITORY, missing_error
 from qwen3090.patchtool import Patch, load_series
+from tests.support.planning import FULL, STOCK, plan_for
 
 pytestmark = pytest.mark.unit
 

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from obs_stack import DATA, http_get, tool, wait_until
 
 from qwen3090.canary import CanaryResult, PrefixProbe, judge_prefix, parse_block_size
+from tests.support.obs_stack import DATA, http_get, tool, wait_until
 
 pytestmark = pytest.mark.unit
 

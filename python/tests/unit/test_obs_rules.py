@@ -12,10 +12,18 @@ from typing import Any
 
 import pytest
 import yaml
-from obs_stack import PROM_DIR, REPO, RULE_TESTS, RULES, SCRAPE_CONFIG, rule_exprs, tool
 
 from qwen3090 import metricnames
 from qwen3090.exporter import Exporter, ExporterConfig
+from tests.support.obs_stack import (
+    PROM_DIR,
+    REPO,
+    RULE_TESTS,
+    RULES,
+    SCRAPE_CONFIG,
+    rule_exprs,
+    tool,
+)
 
 
 def promtool(*args: str, cwd: Path = PROM_DIR) -> subprocess.CompletedProcess[str]:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen3090 import artifacts, pins
+from qwen3090 import pins
 from qwen3090.errors import Qwen3090Error
+from tests.support import artifacts
 
 pytestmark = pytest.mark.unit
 

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakevllm import make_tree, numbered, write_overlay, write_patch, write_series
 
 from qwen3090 import patchtool
 from qwen3090.manifest import load_manifest
+from tests.support.fakevllm import make_tree, numbered, write_overlay, write_patch, write_series
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,7 @@ from qwen3090.bench import report
 
 pytestmark = pytest.mark.unit
 
-DATA = Path(__file__).resolve().parents[1] / "observability" / "data"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def _vllm_metrics(tokens: int, blocks: int) -> str:

@@ -1,5 +1,5 @@
 """The resolver's shape: short functions, and a planner that does not reach up into ``serve``
-or the commands (tests/rules holds the package against import circles)."""
+or the commands (tests/unit/test_import_cycles.py holds the package against import circles)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spine_planning import FULL, STOCK, arg_map, json_flag, plan_for
 
 from qwen3090.errors import Qwen3090Error
 from qwen3090.plan import PlatformFacts
+from tests.support.planning import FULL, STOCK, arg_map, json_flag, plan_for
 
 pytestmark = pytest.mark.unit
 
@@ -175,7 +175,7 @@ def test_warn_kv_mem_above_default_loudly_on_wsl2(tmp_path: Path) -> None:
 
 
 def test_warn_kv_mem_pinned_with_foreign_gpu_memory(tmp_path: Path) -> None:
-    # The pool is lowered by what others hold (tests/spine/test_memory_rules.py has the
+    # The pool is lowered by what others hold (tests/unit/test_memory_rules.py has the
     # refusal when it then cannot hold one request); an unpinned pool is vLLM's to size.
     busy = PlatformFacts(foreign_gpu_mib=800)
     pinned = plan_for({"SPEC": "dflash2"}, facts=busy, cwd=tmp_path)

@@ -8,10 +8,10 @@ import ast
 from pathlib import Path
 
 import pytest
-from spine_planning import arg_map, plan_for
 
 from qwen3090 import profiles as P
 from qwen3090.errors import Qwen3090Error
+from tests.support.planning import arg_map, plan_for
 
 pytestmark = pytest.mark.unit
 

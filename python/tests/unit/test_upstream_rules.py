@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from upstream_compare import SideOutcomes, compare, report, rerun_on_patched
-from upstream_select import (
+
+from tests.support.upstream.upstream_compare import SideOutcomes, compare, report, rerun_on_patched
+from tests.support.upstream.upstream_select import (
     INFRASTRUCTURE_IMPORTERS,
     AcceptedChange,
     Module,
@@ -25,7 +26,8 @@ from upstream_select import (
 pytestmark = pytest.mark.unit
 
 REPO_PATCHES = Path(__file__).resolve().parents[3] / "patches"
-HERE = Path(__file__).resolve().parent
+# The outcome plugin is loaded by its bare name from its own directory (as upstream_run does).
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "support" / "upstream"
 
 
 def write(path: Path, text: str) -> Path:
@@ -130,9 +132,9 @@ def test_compare_passes_clean_runs_and_flags_broken_collection() -> None:
 
 def _run_plugin(tmp_path: Path, **env_extra: str) -> dict[str, dict[str, str]]:
     out = tmp_path / "outcomes.json"
-    # HERE first, keeping the caller's path: under Nix's python-tests check pytest itself
+    # PLUGIN_DIR first, keeping the caller's path: under Nix's python-tests check pytest itself
     # comes from PYTHONPATH (the test tools' site-packages).
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "UPSTREAM_OUTCOMES": str(out), "PYTHONPATH": path, **env_extra}
     env.pop("PYTEST_ADDOPTS", None)
     subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from upstream_select import AcceptedChange
+from tests.support.upstream.upstream_select import AcceptedChange
 
 PASSED = "passed"
 SKIPPED = "skipped"

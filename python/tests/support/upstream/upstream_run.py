@@ -23,7 +23,7 @@ import tarfile
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from upstream_compare import SideOutcomes
+from tests.support.upstream.upstream_compare import SideOutcomes
 
 HERE = Path(__file__).resolve().parent
 PLUGIN = "upstream_outcomes"
