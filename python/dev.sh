@@ -152,6 +152,9 @@ case "$cmd" in
     lint_paths=(qwen3090 tests benchmarks ../patches/overlay ../nix/build)
     log "ruff"; "$venv/bin/ruff" check "${lint_paths[@]}" ../nix/closure
     if [ $fast = 1 ]; then
+      # The unit tier's modules are all in tests/unit (tests/unit/test_tier_layout.py holds
+      # every module's marker to its folder), so only that folder is collected.
+      [ $# -gt 0 ] || set -- tests/unit
       log "pytest: the unit tier, in parallel"
       exec "$venv/bin/python" -m pytest -m unit -n auto "$@"
     fi

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-# The paged batches and float32 reference (spec_decode_ref.py) live with the kernel tests.
-KERNEL_TESTS = HERE.parent / "tests" / "kernel"
+# The paged batches and float32 reference: tests/support/spec_decode_ref.py, the same oracle
+# the kernel tests hold the kernel to, imported from python/ (HERE.parent).
+PYTHON_DIR = HERE.parent
 NUM_KV_HEADS, GROUP, HEAD_SIZE, BLOCK_SIZE = 4, 6, 256, 16
 CONTEXTS = (1536, 16384, 32768, 65536, 131072)
 QUERY_LENS: tuple[int, ...] = (4, 5, 8, 16)
@@ -449,9 +450,10 @@ def main() -> int:
     if args.smoke:
         _smoke_setup()
     sys.path.insert(0, args.tree)
-    sys.path.insert(0, str(KERNEL_TESTS))
-    import spec_decode_ref as ref
+    sys.path.insert(1, str(PYTHON_DIR))  # after the tree: its vllm must win
     import torch
+
+    from tests.support import spec_decode_ref as ref
 
     if args.smoke:
         # Without it the interpreter's bf16 dots are meaningless and so is every error.

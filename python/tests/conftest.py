@@ -1,4 +1,5 @@
-"""Session fixtures every test area shares: a generated demo model and one real vLLM CPU server.
+"""Fixtures every tier shares: a generated demo model, one real vLLM CPU server, and a tiny
+generated Qwen3 checkpoint for the model-directory checks (unit and e2e_cpu).
 
 ``cpu_server`` is started the way a user starts the CPU tier: ``qwen3090 serve --device cpu``
 with the knobs as environment variables (``MODEL``, ``PREFIX_CACHE=1``, ``PORT``) and an API
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -19,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from qwen3090.localserver import RunningServer, reserve_port, start_server
+from tests.support.tinymodel import write_tiny_qwen3
 
 # The real vLLM 0.28.0 trees (pristine and patched) every patch-tier test compares.
-pytest_plugins = ["plugins.vllm_trees"]
+pytest_plugins = ["tests.support.vllm_trees"]
 
 # The spine's port range is 18100-18199; the shared server takes the first free of these
 # (reserved with a lock file, so concurrent pytest sessions never share one).
@@ -93,3 +96,17 @@ def cpu_server(
     finally:
         server.stop()
         lease.release()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_master(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete three-shard Qwen3 dir; never modified (tests copy it)."""
+    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny-master") / "Qwen3-tiny")
+
+
+@pytest.fixture
+def tiny_model(tiny_model_master: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the generated model dir, for a test to damage."""
+    dest = tmp_path / "models" / "Qwen3-tiny"
+    shutil.copytree(tiny_model_master, dest)
+    return dest

@@ -32,7 +32,7 @@ def cudagraph_rules(s: Settings, b: PlanBuilder, spec: Spec, ctx: Ctx) -> None:
         b.cudagraph_mode = s.cudagraph_mode
     elif spec == "mtp" and b.prefix_cache:
         # MTP on this architecture runs on vLLM 0.28.0's V1 runner, whose uniform-decode test
-        # is shape-only at every CTX (tests/patches/test_bug_b_regression.py); the corruption
+        # is shape-only at every CTX (tests/patch/test_bug_b_regression.py); the corruption
         # was measured at CTX=huge only, so this warns instead of forcing PIECEWISE.
         b.warnings.append(
             f"SPEC=mtp with PREFIX_CACHE=1 at CTX={ctx}: vLLM's V1 runner may replay a FULL "

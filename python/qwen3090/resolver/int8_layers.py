@@ -11,7 +11,7 @@ from qwen3090.settings import Settings
 
 # Qwen3.8-27B as vLLM 0.28.0 builds it: Qwen3_5ForConditionalGeneration puts the text model
 # under "language_model."; 64 decoder layers, every 4th one full attention, the rest Gated
-# DeltaNet. tests/patches/test_patch_int8_layer_select.py holds these names against the layers
+# DeltaNet. tests/patch/test_patch_int8_layer_select.py holds these names against the layers
 # vLLM itself builds from a config of that shape.
 NUM_LAYERS = 64
 FULL_ATTENTION_INTERVAL = 4

@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nixeval import REPO
 
 from qwen3090.bootlog import BootLogFollower
+from tests.support.nixeval import REPO
 
 pytestmark = pytest.mark.nix
 

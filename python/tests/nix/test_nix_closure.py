@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nixeval import REPO, eval_json
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.support.nixeval import REPO, eval_json
 
 pytestmark = pytest.mark.nix
 

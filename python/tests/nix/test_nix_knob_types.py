@@ -3,7 +3,8 @@
 The module declares typed options for some knobs (``settings.SPEC``, the top-level ``profile``,
 ``port``, ...); the CLI validates the same knobs from the Settings declarations. This holds the
 two against each other: every typed settings option is a knob, an enum offers exactly the
-knob's words, and a scalar type is the knob's type. Needs NIXPKGS_LIB (see nixeval.py).
+knob's words, and a scalar type is the knob's type. Needs NIXPKGS_LIB (see
+tests/support/nixeval.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nixeval import REPO, eval_json
+
+from tests.support.nixeval import REPO, eval_json
 
 pytestmark = pytest.mark.nix
 

@@ -1,6 +1,6 @@
 """services.qwen3090 evaluated with nixpkgs' lib (checks/eval-module.nix): the rendered units.
 
-Needs NIXPKGS_LIB (see nixeval.py); skips with that reason when it is unset.
+Needs NIXPKGS_LIB (see tests/support/nixeval.py); skips with that reason when it is unset.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from nixeval import REPO, eval_json, eval_module, eval_module_error, exec_argv
+
+from tests.support.nixeval import REPO, eval_json, eval_module, eval_module_error, exec_argv
 
 pytestmark = pytest.mark.nix
 

@@ -3,8 +3,8 @@
 The server unit points vLLM's own logging at a JSON config rendered by the module: stdout (the
 journal) plus /var/log/qwen3090/server.log; an ExecStartPre rotates that file; the exporter
 unit reads it (--server-log) and keeps its largest-pool reference (--state-dir). Evaluated with
-nixpkgs' lib (NIXPKGS_LIB, see nixeval.py); the rendered logging config is fed to the venv's
-real vLLM. The rotation script itself: test_log_rotation.py.
+nixpkgs' lib (NIXPKGS_LIB, see tests/support/nixeval.py); the rendered logging config is fed
+to the venv's real vLLM. The rotation script itself: test_log_rotation.py.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nixeval import REPO, eval_json, eval_module, eval_module_error, exec_argv
 
 from qwen3090.bootlog import parse_boot_log
+from tests.support.nixeval import REPO, eval_json, eval_module, eval_module_error, exec_argv
 
 pytestmark = pytest.mark.nix
 

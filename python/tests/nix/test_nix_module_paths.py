@@ -2,7 +2,7 @@
 
 One rule, in the option descriptions: a relative modelDir names a directory under modelsDir
 (where the fetch unit puts checkpoints); modelsDir and cacheDir, which the units write, must
-be absolute and outside the read-only store. Needs NIXPKGS_LIB (see nixeval.py).
+be absolute and outside the read-only store. Needs NIXPKGS_LIB (see tests/support/nixeval.py).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 import pytest
-from nixeval import REPO, eval_module, eval_module_error, exec_argv
 
 from qwen3090.profiles import MODEL_NAMES
+from tests.support.nixeval import REPO, eval_module, eval_module_error, exec_argv
 
 pytestmark = pytest.mark.nix
 

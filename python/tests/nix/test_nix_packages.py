@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nixeval import REPO, eval_json, nixpkgs_lib
+
+from tests.support.nixeval import REPO, eval_json, nixpkgs_lib
 
 pytestmark = pytest.mark.nix
 

@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nixeval import REPO, nix_instantiate, run_nix
+
+from tests.support.nixeval import REPO, nix_instantiate, run_nix
 
 pytestmark = pytest.mark.nix
 

@@ -15,10 +15,10 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import checkscripts
 import pytest
-import replay
-from replay import Replayed
+
+from tests.support import checkscripts, replay
+from tests.support.replay import Replayed
 
 pytestmark = pytest.mark.nix_replay
 

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import patchtrees
 import pytest
-from upstream_compare import compare, report, rerun_on_patched
-from upstream_run import run_side, unpack_tests
-from upstream_select import (
+
+from tests.support import patchtrees
+from tests.support.artifacts import fetch_artifact, pristine_tree
+from tests.support.upstream.upstream_compare import compare, report, rerun_on_patched
+from tests.support.upstream.upstream_run import run_side, unpack_tests
+from tests.support.upstream.upstream_select import (
     accepted_changes,
     patched_modules,
     sdist_test_files,
     select,
     selected_files,
 )
-
-from qwen3090.artifacts import fetch_artifact, pristine_tree
 
 pytestmark = pytest.mark.upstream
 

@@ -1,4 +1,0 @@
-# Tests import tests/pipeline/fakevllm.py by its bare name: pytest puts its directory on
-# sys.path. mypy can't make that directory a package base (its conftest.py would clash with
-# tests/conftest.py), so this stub, found through mypy_path, gives the bare name its types.
-from pipeline.fakevllm import *  # noqa: F403 - the re-export is the point
