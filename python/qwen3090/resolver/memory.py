@@ -22,6 +22,12 @@ def estimate(b: PlanBuilder) -> MemoryEstimate:
     return MemoryEstimate(per_token, fixed, request, b.kv_mem, fits)
 
 
+def pool_tokens_per_gib(kv_cache_dtype: str) -> int:
+    """Tokens of context one GiB of KV pool holds across the model's attention layers, by
+    ``--kv-cache-dtype`` (issue 24 compares kvarn_k4v2_g128 with fp8 and int8 this way)."""
+    return GIB // P.KV_BYTES_PER_TOKEN[kv_cache_dtype]
+
+
 def _spec_knob(b: PlanBuilder) -> str:
     method = (b.speculative or {}).get("method")
     return "DFLASH_TOKENS" if method == "dflash" else "DRAFT_TOKENS"

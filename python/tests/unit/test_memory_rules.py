@@ -176,3 +176,18 @@ def test_graph_mem_mib_on_a_build_without_the_patch_is_refused(tmp_path: Path) -
     err = _refusal({"SPEC": "dflash2", "GRAPH_MEM_MIB": "2600"}, tmp_path, caps=STOCK)
     assert "GRAPH_MEM_MIB=2600" in err.message
     assert "hybrid-kv-groups-v2-cudagraph.patch" in err.message
+
+
+# ---- issue 24: the KVarN pool against fp8 and int8 ------------------------------------------
+
+
+def test_kvarn_pool_tokens_per_gib_against_fp8_and_int8() -> None:
+    """16 attention layers x 4 kv heads x head 256: kvarn 840 B/token/layer (the overlay's
+    layout, python/docs/kvarn.md), fp8 2048, int8_per_token_head 2080 (its fp32 scales)."""
+    from qwen3090.resolver.memory import pool_tokens_per_gib
+
+    per_gib = {d: pool_tokens_per_gib(d)
+               for d in ("kvarn_k4v2_g128", "fp8", "int8_per_token_head", "bfloat16")}
+    assert per_gib == {"kvarn_k4v2_g128": 79891, "fp8": 32768,
+                       "int8_per_token_head": 32263, "bfloat16": 16384}
+    assert 2.4 < per_gib["kvarn_k4v2_g128"] / per_gib["fp8"] < 2.5
