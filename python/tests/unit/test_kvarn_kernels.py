@@ -9,12 +9,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-import kvarn_ref as ref
 import pytest
 import torch
-from kvarn_ref import OVERLAY_FILE, load_kvarn
+
+from tests.support import kvarn_ref as ref
+from tests.support.kvarn_ref import OVERLAY_FILE, load_kvarn
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def kvarn() -> ModuleType:
+    """The overlay module itself, its Triton kernels built for the CPU interpreter
+    (TRITON_INTERPRET=1 is read when a kernel is decorated, so load_kvarn sets it only while
+    the module loads): no patched vLLM tree, no GPU."""
+    return load_kvarn()
+
+
+@pytest.fixture(autouse=True)
+def _interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton also reads TRITON_INTERPRET while launching an interpreted kernel; it is set
+    per test so that other modules never see it."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 # Per-tile relative L2 error of the dequantized tile against its input, Gaussian data with
 # per-channel offsets and a few outlier channels: keys (4-bit) measured 0.02-0.06, values
