@@ -18,7 +18,7 @@ every shape the split-KV path takes, with real contexts and block tables, throug
 ``TritonAttentionImpl.forward`` / ``FlashAttentionImpl.forward``.
 
     python spec_decode_prewarm_worker.py --tree DIR --out result.json [--no-warmup]
-        [--terse-monitor]
+        [--terse-monitor] [--runner v2|v1|none] [--width N]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 24, 4, 256, 16
 K, QMAX, MAX_SEQS = 3, 4, 4
 # The runner's block table is [max_num_reqs, width]; 233 blocks of 16 (a 3,728-token
-# max_model_len) is a row stride Triton does not specialise as a multiple of 16.
+# max_model_len) is a row stride Triton does not specialise as a multiple of 16 (--width).
 WIDTH = 233
 # Contexts (tokens before the verify block) of the request phase's sequences.
 CONTEXTS = (895, 37, 2554, 300)
@@ -66,6 +66,7 @@ class CompileLedger:
         self.compiled: dict[str, str] = {}
         self.phase = "boot"
         self.by_phase: dict[str, list[str]] = {}
+        self.keys: dict[str, list[str]] = {}
 
     def __call__(self, **kwargs: Any) -> bool:
         from triton import knobs
@@ -75,6 +76,7 @@ class CompileLedger:
             name = str(getattr(kwargs["fn"], "name", "?"))
             self.compiled[key] = name
             self.by_phase.setdefault(self.phase, []).append(name)
+            self.keys.setdefault(self.phase, []).append(key)
             post = knobs.runtime.jit_post_compile_hook
             if post is not None:
                 post(**kwargs)
@@ -160,7 +162,27 @@ def _request_metadata(torch: Any, kind: str, q: int, contexts: list[int],
                            mm_prefix_query_range_tensor=None, rswa_prefix_lens=None)
 
 
-def run(warmup: bool, verbose: bool) -> dict[str, Any]:
+def _runner(torch: Any, config: SimpleNamespace, layout: str, table: Any) -> SimpleNamespace:
+    """The model runner as the warm-up sees it: the V2 runner's input block tables, the V1
+    runner's per-group buffers, or (``none``) neither, which leaves the warm-up to cover both
+    of Triton's stride classes."""
+    names = list(config.compilation_config.static_forward_context)
+    runner = SimpleNamespace(
+        is_pooling_model=False, device=torch.device("cpu"),
+        compilation_config=config.compilation_config,
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=names)]),
+    )
+    if layout == "v2":
+        runner.block_tables = SimpleNamespace(input_block_tables=[table])
+    elif layout == "v1":
+        buffer = SimpleNamespace(block_table=SimpleNamespace(gpu=table))
+        runner.input_batch = SimpleNamespace(
+            block_table=SimpleNamespace(block_tables=[buffer])
+        )
+    return runner
+
+
+def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH) -> dict[str, Any]:
     import torch
     import vllm.config.vllm as config_mod
     from triton import knobs
@@ -184,20 +206,17 @@ def run(warmup: bool, verbose: bool) -> dict[str, Any]:
     except ImportError:
         pass
     context.update(_layers(torch, kinds))
-    # The runner's persistent block table (the V2 runner's input tables; one KV group).
-    table = torch.zeros((MAX_SEQS, WIDTH), dtype=torch.int32)
-    groups = [SimpleNamespace(layer_names=list(context))]
-    runner = SimpleNamespace(
-        is_pooling_model=False, device=torch.device("cpu"),
-        compilation_config=config.compilation_config,
-        block_tables=SimpleNamespace(input_block_tables=[table]),
-        kv_cache_config=SimpleNamespace(kv_cache_groups=groups),
-    )
+    # The runner's persistent block table (one KV group); the requests' rows are its rows.
+    table = torch.zeros((MAX_SEQS, width), dtype=torch.int32)
+    runner = _runner(torch, config, layout, table)
+    # use_v2_model_runner only gates kernel_warmup's V1 block-table and KV-zeroing warm-ups,
+    # which need a whole V1 runner; the split-KV warm-up finds the tables either way.
     worker = SimpleNamespace(
         use_v2_model_runner=True, model_runner=runner, vllm_config=config,
         scheduler_config=config.scheduler_config, get_model=lambda: torch.nn.Module(),
     )
-    result: dict[str, Any] = {"warmup": warmup, "kinds": kinds, "layers": list(context)}
+    result: dict[str, Any] = {"warmup": warmup, "kinds": kinds, "layers": list(context),
+                              "runner": layout, "width": width}
     if warmup:
         import types
 
@@ -237,6 +256,7 @@ def run(warmup: bool, verbose: bool) -> dict[str, Any]:
                 batches += 1
     result["request_batches"] = batches
     result["compiled"] = {phase: names for phase, names in ledger.by_phase.items()}
+    result["keys"] = ledger.keys
     config_mod._current_vllm_config = None
     return result
 
@@ -249,6 +269,10 @@ def main() -> int:
                         help="skip kernel_warmup (what a tree without the warm-up patch does)")
     parser.add_argument("--terse-monitor", action="store_true",
                         help="the JIT monitor's default mode (one line per kernel name)")
+    parser.add_argument("--runner", choices=("v2", "v1", "none"), default="v2",
+                        help="the block tables the warm-up finds: V2's, V1's, or none")
+    parser.add_argument("--width", type=int, default=WIDTH,
+                        help="the block table's row stride (blocks per request)")
     parser.add_argument("--dist-dir", help="holds a vllm-0.28.0.dist-info (see spec_decode_worker)")
     args = parser.parse_args()
     # Triton's compiler path, not its interpreter; no device is used.
@@ -260,7 +284,8 @@ def main() -> int:
     from vllm.triton_utils import HAS_TRITON
 
     assert HAS_TRITON, "vLLM disabled Triton in the worker"
-    result = run(warmup=not args.no_warmup, verbose=not args.terse_monitor)
+    result = run(warmup=not args.no_warmup, verbose=not args.terse_monitor,
+                 layout=args.runner, width=args.width)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

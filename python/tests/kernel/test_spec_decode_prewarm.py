@@ -92,3 +92,27 @@ def test_kernel_warmup_leaves_no_compile_to_the_requests(
     assert "spec-decode attention: warmed the split-KV kernels" in log
     facts = parse_boot_log(log)
     assert facts.jit_monitor_active and facts.jit_compiles == 0
+
+
+@pytest.mark.parametrize(("runner", "width"), [("v1", 240), ("none", 233)])
+def test_the_warmup_takes_the_runners_block_table_stride(
+    patched_cpu_tree: Path, tmp_path: Path, warmed: tuple[dict[str, Any], str],
+    runner: str, width: int,
+) -> None:
+    """Triton specialises the split pass on the block table's row stride being a multiple of
+    16: the warm-up reads the stride from the V1 runner's tables as from the V2 runner's, and
+    where it finds none it warms both classes (more compiles, none left over)."""
+    result, log = _run(patched_cpu_tree, tmp_path, "--runner", runner, "--width", str(width))
+    assert result["compiled"].get("requests", []) == [], log[-3000:]
+    assert parse_boot_log(log).jit_compiles == 0
+    warm_keys = set(result["keys"]["warmup"])
+    other = set(warmed[0]["keys"]["warmup"])  # the V2 runner's 233-wide table
+    if runner == "v1":
+        # 240 and 233 are different classes: every split-pass key differs, the reduce pass
+        # (no block-table argument) compiles the same kernels.
+        assert len(warm_keys) == len(other)
+        differ = [warmed[0]["compiled"]["warmup"][i] for i, key in
+                  enumerate(warmed[0]["keys"]["warmup"]) if key not in warm_keys]
+        assert differ and set(differ) == {SPLIT}
+    else:
+        assert other < warm_keys
