@@ -18,7 +18,7 @@ every shape the split-KV path takes, with real contexts and block tables, throug
 ``TritonAttentionImpl.forward`` / ``FlashAttentionImpl.forward``.
 
     python spec_decode_prewarm_worker.py --tree DIR --out result.json [--no-warmup]
-        [--terse-monitor] [--runner v2|v1|none] [--width N]
+        [--terse-monitor] [--runner v2|v1|none] [--width N] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -59,10 +59,12 @@ class SM86Driver:
 
 class CompileLedger:
     """Triton's in-memory kernel cache as seen through ``jit_cache_hook``: a key not seen
-    before is a compile (reported to the post-compile hook vLLM's monitor installs), and the
-    compile itself is declined (no GPU), so the launch returns without running."""
+    before is a compile. Without a GPU (``decline``) the compile is reported to the
+    post-compile hook vLLM's monitor installs and then declined, so the launch returns
+    without running; on a GPU Triton compiles and reports it itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, decline: bool) -> None:
+        self.decline = decline
         self.compiled: dict[str, str] = {}
         self.phase = "boot"
         self.by_phase: dict[str, list[str]] = {}
@@ -78,9 +80,9 @@ class CompileLedger:
             self.by_phase.setdefault(self.phase, []).append(name)
             self.keys.setdefault(self.phase, []).append(key)
             post = knobs.runtime.jit_post_compile_hook
-            if post is not None:
+            if self.decline and post is not None:
                 post(**kwargs)
-        return True
+        return self.decline
 
 
 def _config(torch: Any, context: dict[str, Any]) -> SimpleNamespace:
@@ -168,7 +170,7 @@ def _runner(torch: Any, config: SimpleNamespace, layout: str, table: Any) -> Sim
     of Triton's stride classes."""
     names = list(config.compilation_config.static_forward_context)
     runner = SimpleNamespace(
-        is_pooling_model=False, device=torch.device("cpu"),
+        is_pooling_model=False, device=torch.get_default_device(),
         compilation_config=config.compilation_config,
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=names)]),
     )
@@ -182,7 +184,8 @@ def _runner(torch: Any, config: SimpleNamespace, layout: str, table: Any) -> Sim
     return runner
 
 
-def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH) -> dict[str, Any]:
+def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH,
+        device: str = "cpu") -> dict[str, Any]:
     import torch
     import vllm.config.vllm as config_mod
     from triton import knobs
@@ -191,8 +194,12 @@ def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH) -> 
 
     os.environ["VLLM_SPEC_DECODE_ATTN"] = "1"
     os.environ["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(QMAX)
-    driver.set_active(SM86Driver())
-    ledger = CompileLedger()
+    if device == "cpu":
+        driver.set_active(SM86Driver())
+    else:
+        # Every tensor below (caches, tables, the split-KV scratch) on the GPU.
+        torch.set_default_device(device)
+    ledger = CompileLedger(decline=device == "cpu")
     knobs.runtime.jit_cache_hook = ledger
 
     context: dict[str, Any] = {}
@@ -254,6 +261,8 @@ def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH) -> 
                                    output=out)
                 assert sda.last_plan is not None, "the split-KV path declined a verify batch"
                 batches += 1
+    if device == "cuda":
+        torch.cuda.synchronize()
     result["request_batches"] = batches
     result["compiled"] = {phase: names for phase, names in ledger.by_phase.items()}
     result["keys"] = ledger.keys
@@ -269,14 +278,18 @@ def main() -> int:
                         help="skip kernel_warmup (what a tree without the warm-up patch does)")
     parser.add_argument("--terse-monitor", action="store_true",
                         help="the JIT monitor's default mode (one line per kernel name)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: Triton's keys for sm_86, nothing compiled; cuda: this GPU, "
+                        "compiled and run for real")
     parser.add_argument("--runner", choices=("v2", "v1", "none"), default="v2",
                         help="the block tables the warm-up finds: V2's, V1's, or none")
     parser.add_argument("--width", type=int, default=WIDTH,
                         help="the block table's row stride (blocks per request)")
     parser.add_argument("--dist-dir", help="holds a vllm-0.28.0.dist-info (see spec_decode_worker)")
     args = parser.parse_args()
-    # Triton's compiler path, not its interpreter; no device is used.
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    # Triton's compiler path, not its interpreter; on the CPU no device is used.
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.pop("TRITON_INTERPRET", None)
     if args.dist_dir:
         sys.path.insert(0, args.dist_dir)
@@ -285,7 +298,7 @@ def main() -> int:
 
     assert HAS_TRITON, "vLLM disabled Triton in the worker"
     result = run(warmup=not args.no_warmup, verbose=not args.terse_monitor,
-                 layout=args.runner, width=args.width)
+                 layout=args.runner, width=args.width, device=args.device)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

