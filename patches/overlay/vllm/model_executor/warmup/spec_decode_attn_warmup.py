@@ -6,10 +6,10 @@
 # split and reduce passes specialise on the launch plan (tiles, segments),
 # which the planner derives from the batch's query length (2..k+1) and its
 # number of sequences (1..max_num_seqs), and on whether the block table's row
-# stride divides by 16. vLLM's own warm-up reaches at most the captured
-# uniform-decode shapes (query length k+1, capture sizes only; none at all
-# with enforce_eager or a PIECEWISE capture that skips attention), so the first
-# verify steps of the first requests paid the compiles. Here every shape a
+# stride divides by 16. vLLM's own warm-up reaches only the shapes its dummy
+# batches happen to have (CUDA-graph capture sizes; none with enforce_eager:
+# the profile run passes no attention metadata), so the first verify steps of
+# the first requests paid the rest. Here every shape a
 # verify step can take goes through the layer's own forward once, on dummy
 # query, output and block-table tensors that specialise as the real ones do
 # (same dtypes, 16-byte alignment and block-table row stride) and read only
