@@ -1,10 +1,19 @@
-"""Boot facts read from a vLLM server log: KV pool, concurrency, compile time and cache state.
+"""Boot facts read from a vLLM server log: KV pool, concurrency, compile time, cache state and
+the kernel compiles left to the requests.
 
 These numbers decide how a deployment behaves for its whole life and are printed once, at
 boot: the KV pool in tokens and the concurrency it buys (gotcha 2: a dirty GPU or a cold
 compile cache shrinks the pool silently), the torch.compile time, and whether the compiled
 artifact came from the persistent cache (seeds/004: a cold boot pays minutes). The exporter
 turns them into gauges so a shrunken pool or a lost cache shows on a dashboard.
+
+A kernel JIT-compiled while serving stalls the request that needs it (gotcha 45). vLLM 0.28.0's
+JIT monitor (``utils/jit_monitor.py``, activated by the CUDA worker once warm-up is over; the
+CPU worker never activates it) logs a warning per compile it sees after that point: one per
+kernel name by default, every compile with ``--jit-monitor-verbose``. Those lines are counted
+from the activation on. The log cannot say which request paid a compile: the engine logs no
+request boundary at the default level, and uvicorn's access line for a stream is written when
+the response starts, before any token is generated.
 
 The line formats are vLLM 0.28.0's (``v1/core/kv_cache_utils.py``, ``v1/engine/core.py``,
 ``compilation/backends.py``, ``compilation/decorators.py``, ``compilation/monitor.py``); the
@@ -50,6 +59,14 @@ _COMPILED = re.compile(
 # The CPU build of 0.28.0 cannot load its own AOT artifact on a restart ('function' object has
 # no attribute 'finalize_loading') and recompiles: the cache is present but not used.
 _LOAD_FAILED = re.compile(r"Compiling model again due to a load failure")
+# utils/jit_monitor.py: printed once warm-up is done, then one warning per monitored compile
+# ("Triton kernel", "CuTeDSL" or "TileLang"), the kernel's name before " (details)" (verbose
+# mode) or ". This causes a latency spike".
+_JIT_MONITOR = re.compile(r"Kernel JIT monitor activated; monitored JIT compilations")
+_JIT_COMPILE = re.compile(
+    r"(?:Triton kernel|CuTeDSL|TileLang) JIT compilation during inference: "
+    r"(?P<kernel>.+?)(?: \(|\. This causes a latency spike)"
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,17 @@ class BootFacts:
     compile_loaded: bool = False
     compile_compiled: bool = False
     compile_load_failed: bool = False
+    jit_monitor_active: bool = False
+    """vLLM's JIT monitor said it is watching: warm-up is over."""
+    jit_kernels: tuple[tuple[str, int], ...] = ()
+    """(kernel, compiles) the monitor logged after warm-up, kernels in first-seen order."""
+
+    @property
+    def jit_compiles(self) -> int | None:
+        """Kernel compiles logged while serving; None where no monitor was active (the CPU
+        build, or a log cut before warm-up ended), so that no compile is not mistaken for
+        nobody counting."""
+        return sum(n for _k, n in self.jit_kernels) if self.jit_monitor_active else None
 
     @property
     def compile_cache_warm(self) -> bool | None:
@@ -81,6 +109,13 @@ class BootFacts:
 
 def _int(text: str) -> int:
     return int(text.replace(",", ""))
+
+
+def _count(kernels: tuple[tuple[str, int], ...], kernel: str) -> tuple[tuple[str, int], ...]:
+    """``kernels`` with one more compile of ``kernel``."""
+    if all(k != kernel for k, _n in kernels):
+        return (*kernels, (kernel, 1))
+    return tuple((k, n + 1 if k == kernel else n) for k, n in kernels)
 
 
 class BootLogParser:
@@ -117,6 +152,10 @@ class BootLogParser:
             f = replace(f, compile_compiled=True)
         if _LOAD_FAILED.search(line):
             f = replace(f, compile_load_failed=True)
+        if _JIT_MONITOR.search(line):
+            f = replace(f, jit_monitor_active=True)
+        elif f.jit_monitor_active and (m := _JIT_COMPILE.search(line)):
+            f = replace(f, jit_kernels=_count(f.jit_kernels, m["kernel"]))
         self.facts = f
 
 

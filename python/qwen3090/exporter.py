@@ -197,6 +197,22 @@ def _boot_gauges(facts: BootFacts) -> Iterator[Metric]:
             "1 if a cached compiled artifact existed but failed to load and was rebuilt.",
             float(facts.compile_load_failed),
         )
+    yield from gauge(
+        names.BOOT_JIT_COMPILES,
+        "Kernel JIT compiles vLLM's JIT monitor logged after warm-up, each a stalled request "
+        "(one per kernel name unless the server runs with --jit-monitor-verbose); absent "
+        "where no monitor ran (the CPU build).",
+        facts.jit_compiles,
+    )
+    if facts.jit_kernels:
+        per_kernel = GaugeMetricFamily(
+            names.BOOT_JIT_KERNEL_COMPILES,
+            "Kernel JIT compiles logged after warm-up, by kernel function.",
+            labels=["kernel"],
+        )
+        for kernel, count in facts.jit_kernels:
+            per_kernel.add_metric([kernel], float(count))
+        yield per_kernel
 
 
 class Exporter:

