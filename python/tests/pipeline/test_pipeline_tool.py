@@ -641,4 +641,5 @@ def test_the_repository_series_adds_files_only_through_the_overlay() -> None:
     assert added == {"spec-decode-attn": (ops + "spec_decode_attention.py",
                                           ops + "spec_decode_attention_hopper.py",
                                           ops + "spec_decode_attention_plan.py"),
-                     "mtp-draft-vocab": ("vllm/model_executor/models/mtp_draft_vocab.py",)}
+                     "mtp-draft-vocab": ("vllm/model_executor/models/mtp_draft_vocab.py",),
+                     "dflash2-lookup": ("vllm/v1/worker/gpu/spec_decode/dflash2/lookup.py",)}
