@@ -110,10 +110,12 @@ EMITTED: tuple[Emitted, ...] = (
             "INT8_LAYERS=. (every layer, what stock vLLM does for GPTQ/AWQ checkpoints, though "
             "it gives an auto-round one none; GPU_UTIL at most 0.95) or INT8_ACT= (empty: int8 "
             "activations off)", gpu_only=True),
-    Emitted("env", "VLLM_DFLASH2_LOOKUP", "dflash2-lookup", "DFlash2 lookup drafting", None,
-            "LOOKUP=0", gpu_only=True),
+    Emitted("env", "VLLM_DFLASH2_LOOKUP", "dflash2-lookup",
+            "DFlash2 lookup drafting (issue 22)", "dflash2-lookup.patch", "LOOKUP=0",
+            gpu_only=True),
     Emitted("env", "VLLM_DFLASH2_LOOKUP_ADAPTIVE", "dflash2-lookup",
-            "DFlash2 adaptive verify length", None, "LOOKUP_ADAPTIVE=0", gpu_only=True),
+            "DFlash2 adaptive verify length (gotchas 18, 27)", "dflash2-lookup.patch",
+            "LOOKUP_ADAPTIVE=0", gpu_only=True),
     Emitted("env", "VLLM_VISION_TOWER_CPU_OFFLOAD", "vision-tower-cpu-offload",
             "vision tower weights in host RAM (gotcha 8)", None,
             "VISION_OFFLOAD=0 (the tower stays in GPU memory; lower KV_MEM by 1 GiB)",

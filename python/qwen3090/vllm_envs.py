@@ -134,6 +134,8 @@ SERIES_REGISTERED: frozenset[str] = frozenset({
     "VLLM_V2_CUDAGRAPH_MEM_MIB",
     "VLLM_MARLIN_INT8_INCLUDE_RE",
     "VLLM_MAMBA_ALIGN_KEEP_CHECKPOINTS",
+    "VLLM_DFLASH2_LOOKUP",
+    "VLLM_DFLASH2_LOOKUP_ADAPTIVE",
 })
 """What ``patches/register-envs.patch`` registers (its ``# registers:`` header)."""
 

@@ -23,6 +23,8 @@ EXPECTED_VALUES = {
     "VLLM_V2_CUDAGRAPH_MEM_MIB": 1400,
     "VLLM_MARLIN_INT8_INCLUDE_RE": "mlp",
     "VLLM_MAMBA_ALIGN_KEEP_CHECKPOINTS": False,
+    "VLLM_DFLASH2_LOOKUP": True,
+    "VLLM_DFLASH2_LOOKUP_ADAPTIVE": False,
 }
 # Unset values. Kept checkpoints default on: on a multi-turn test they turned 0 cached tokens
 # into ~3200 (issue 19).
@@ -32,10 +34,14 @@ EXPECTED_DEFAULTS = {
     "VLLM_V2_CUDAGRAPH_MEM_MIB": 0,
     "VLLM_MARLIN_INT8_INCLUDE_RE": None,
     "VLLM_MAMBA_ALIGN_KEEP_CHECKPOINTS": True,
+    "VLLM_DFLASH2_LOOKUP": False,
+    "VLLM_DFLASH2_LOOKUP_ADAPTIVE": True,
 }
-# Reserving memory beside the KV cache changes no traced graph; keying on it would only
-# throw away warm compile caches when the reservation is tuned.
-OUT_OF_COMPILE_KEY = {"VLLM_V2_CUDAGRAPH_MEM_MIB"}
+# Reserving memory beside the KV cache changes no traced graph, and the lookup runs as eager
+# code after the draft graph; keying on them would only throw away warm compile caches when
+# they are tuned.
+OUT_OF_COMPILE_KEY = {"VLLM_V2_CUDAGRAPH_MEM_MIB", "VLLM_DFLASH2_LOOKUP",
+                      "VLLM_DFLASH2_LOOKUP_ADAPTIVE"}
 
 
 def _registry(envs_py: Path) -> set[str]:

@@ -644,4 +644,5 @@ def test_the_repository_series_adds_files_only_through_the_overlay() -> None:
                      "spec-decode-attn-warmup": (
                          "vllm/model_executor/warmup/spec_decode_attn_warmup.py",),
                      "mtp-draft-vocab": ("vllm/model_executor/models/mtp_draft_vocab.py",),
-                     "kvarn-cache": (ops + "kvarn.py",)}
+                     "kvarn-cache": (ops + "kvarn.py",),
+                     "dflash2-lookup": ("vllm/v1/worker/gpu/spec_decode/dflash2/lookup.py",)}

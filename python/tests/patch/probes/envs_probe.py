@@ -20,6 +20,8 @@ SAMPLES = {
     "VLLM_V2_CUDAGRAPH_MEM_MIB": ("1400", "1900"),
     "VLLM_MARLIN_INT8_INCLUDE_RE": ("mlp", "gate_up"),
     "VLLM_MAMBA_ALIGN_KEEP_CHECKPOINTS": ("0", "1"),
+    "VLLM_DFLASH2_LOOKUP": ("1", "0"),
+    "VLLM_DFLASH2_LOOKUP_ADAPTIVE": ("0", "1"),
 }
 
 
