@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -37,6 +38,39 @@ def load_kvarn(path: Path = OVERLAY_FILE, name: str = "_overlay_kvarn") -> Modul
             os.environ["TRITON_INTERPRET"] = saved
     return module
 
+
+
+def interpret_triton_stdlib(monkeypatch: Any) -> None:
+    """Give Triton's standard library (``tl.sum``, ``tl.max``, ``tl.cdiv``...) interpreted
+    versions for one test. Triton decides compiled-or-interpreted when a function is
+    decorated, and its standard library is decorated when ``triton`` is first imported: in a
+    worker where another test imported it first without TRITON_INTERPRET, an interpreted
+    kernel calling ``tl.sum`` raised "Cannot call @triton.jit'd outside of the scope of a
+    kernel". The swap is undone after the test (monkeypatch), so nothing else sees it."""
+    import triton.language as tl
+    import triton.language.standard as std
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    swapped: dict[int, Any] = {}
+    for module in (std, tl):
+        for name, obj in list(vars(module).items()):
+            if isinstance(obj, JITFunction):
+                new = swapped.setdefault(id(obj), InterpretedFunction(obj.fn))
+                monkeypatch.setattr(module, name, new)
+    # Members such as ``x.sum()`` are wrappers that close over the compiled function.
+    for name, member in list(vars(tl.tensor).items()):
+        cells = getattr(member, "__closure__", None) or ()
+        target = next((swapped[id(c.cell_contents)] for c in cells
+                       if id(c.cell_contents) in swapped), None)
+        if target is not None:
+            monkeypatch.setattr(tl.tensor, name, _member(target))
+
+
+def _member(fn: Any) -> Any:
+    def member(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+    return member
 
 
 def hadamard(d: int) -> torch.Tensor:

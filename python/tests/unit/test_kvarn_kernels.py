@@ -29,8 +29,9 @@ def kvarn() -> ModuleType:
 @pytest.fixture(autouse=True)
 def _interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
     """Triton also reads TRITON_INTERPRET while launching an interpreted kernel; it is set
-    per test so that other modules never see it."""
+    per test so that other modules never see it; so is the interpreted standard library."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ref.interpret_triton_stdlib(monkeypatch)
 
 # Per-tile relative L2 error of the dequantized tile against its input, Gaussian data with
 # per-channel offsets and a few outlier channels: keys (4-bit) measured 0.02-0.06, values
