@@ -10,6 +10,7 @@ speculative method of the target (gotcha 14). Every message names the dir and th
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -188,22 +189,51 @@ def preparation_problems(path: Path) -> list[str]:
         return [f"{err}; fix: delete {path / MANIFEST_NAME} and rerun `qwen3090 prepare`"]
     if data is None:
         return []
-    return [
-        f"{problem} ({MANIFEST_NAME}); fix: rerun `qwen3090 prepare {step} {path} --force`"
-        for step, entry in sorted(data["steps"].items())
-        for problem in output_problems(path, step, entry if isinstance(entry, dict) else {})
-    ]
+    problems: list[str] = []
+    for step, raw_entry in sorted(data["steps"].items()):
+        entry: dict[str, Any] = raw_entry if isinstance(raw_entry, dict) else {}
+        found = output_problems(path, step, entry)
+        raw_inputs = entry.get("inputs")
+        inputs: dict[str, Any] = raw_inputs if isinstance(raw_inputs, dict) else {}
+        base = inputs.get("base")
+        # A variant (fast-variant) links most files from its base and records the base's
+        # fingerprint: a re-fetched base no longer matches the rewritten shards.
+        base_dir = Path(os.path.normpath(path / base)) if isinstance(base, str) else None
+        if base_dir is not None and not found:
+            found.extend(_base_problems(base_dir, inputs.get("base_fingerprint"), step))
+        rerun = (f"qwen3090 prepare {step} {base_dir} --out {path} --force" if base_dir
+                 else f"qwen3090 prepare {step} {path} --force")
+        problems.extend(f"{problem} ({MANIFEST_NAME}); fix: rerun `{rerun}`" for problem in found)
+    return problems
+
+
+def _base_problems(base: Path, fingerprint: object, step: str) -> list[str]:
+    from qwen3090.prepare.record import model_fingerprint
+
+    if not base.is_dir():
+        return [f"its base {base} (from step {step!r}) is gone: the linked files dangle"]
+    if model_fingerprint(base) != fingerprint:
+        return [f"its base {base} (from step {step!r}) changed since the variant was made: "
+                "the linked files no longer belong with the rewritten ones"]
+    return []
 
 
 def prepared_steps(path: Path) -> list[str]:
-    """The steps ``qwen3090 prepare`` recorded for ``path`` ([] for a raw directory)."""
+    """The steps ``qwen3090 prepare`` recorded for ``path`` ([] for a raw directory); a step
+    that made ``path`` from a base reads "STEP of BASE"."""
     from qwen3090.prepare.record import read_manifest
 
     try:
         data = read_manifest(path)
     except ValueError:
         return []
-    return sorted(data["steps"]) if data else []
+    steps: list[str] = []
+    for step, entry in sorted((data or {}).get("steps", {}).items()):
+        inputs = entry.get("inputs") if isinstance(entry, dict) else None
+        base = inputs.get("base") if isinstance(inputs, dict) else None
+        steps.append(f"{step} of {os.path.normpath(path / base)}" if isinstance(base, str)
+                     else step)
+    return steps
 
 
 def check_model_dir(

@@ -5,11 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-NOT_YET = (
-    "Not implemented yet (issue 23): int8 requantization of lm_head/embeddings/MTP weights, "
-    "and building the -fast variant; fetch the pinned `fast` target for those today."
-)
-
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from qwen3090.prepare.draft_vocab import DEFAULT_TOP, VOCAB_FILE
@@ -17,11 +12,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = subparsers.add_parser(
         "prepare",
-        help="prepare a checkpoint: the MTP draft vocabulary (resumable, checksummed)",
+        help="prepare a checkpoint: the MTP draft vocabulary, the -fast variant (resumable, "
+        "checksummed)",
         description="Derive files from a model directory. Each step skips itself when its "
         f"outputs exist with the sha256 recorded in DIR/{MANIFEST_NAME} for the same inputs, "
-        "and records them there (`qwen3090 check model DIR` reads it). Steps: draft-vocab. "
-        + NOT_YET,
+        "and records them there (`qwen3090 check model DIR` reads it). Steps: draft-vocab, "
+        "fast-variant.",
     )
     steps = p.add_subparsers(dest="step", required=True, metavar="STEP")
     dv = steps.add_parser(
@@ -50,6 +46,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     help="vLLM --max-model-len for the pass (default %(default)s)")
     dv.add_argument("--force", action="store_true", help="rerun even when the step is current")
     dv.set_defaults(func=run_draft_vocab)
+
+    fv = steps.add_parser(
+        "fast-variant",
+        help="the -fast checkpoint from the W4A16 base: lm_head and MTP head requantized "
+        "(gotcha 41)",
+        description="Write BASE-fast (or --out): the base with its bf16 lm_head and MTP linear "
+        "weights requantized in the base's own AutoRound/GPTQ format (bits, group size) and "
+        "marked quantized in quantization_config.extra_config, so vLLM 0.28.0 loads them as "
+        "they are; the embeddings stay bf16 (vLLM loads no quantized Qwen3.5 embedding). "
+        "Rewritten shards, config.json and the index are new files, every other file a "
+        "relative symlink into BASE, which is not written to. Resumes shard by shard; "
+        f"records the outputs' sha256 in OUT/{MANIFEST_NAME}.",
+    )
+    fv.add_argument("base", type=Path, metavar="BASE", help="the base checkpoint (read only)")
+    fv.add_argument("--out", type=Path,
+                    help="the variant's directory (default: BASE-fast beside BASE)")
+    fv.add_argument("--no-mtp", action="store_true",
+                    help="requantize the lm_head only, leave the MTP head bf16")
+    fv.add_argument("--force", action="store_true", help="rerun even when the step is current")
+    fv.set_defaults(func=run_fast_variant)
 
 
 def _bad_flag(flag: str, value: object, why: str) -> Exception:
@@ -120,4 +136,38 @@ def run_draft_vocab(args: argparse.Namespace) -> int:
         f"({result.distinct_tokens} distinct in {result.generated_tokens} generated tokens); "
         f"coverage {100 * result.coverage:.2f}% in-sample, {held} held out"
     )
+    return 0
+
+
+def run_fast_variant(args: argparse.Namespace) -> int:
+    from qwen3090.errors import Qwen3090Error
+    from qwen3090.modelcheck import check_model_dir
+    from qwen3090.prepare import fast_variant as fv
+    from qwen3090.prepare import record
+
+    base: Path = args.base
+    problems = check_model_dir(base, "target", prepared=False)
+    if problems:
+        raise Qwen3090Error("cannot prepare:\n  " + "\n  ".join(problems),
+                            fix=f"repair {base} (`qwen3090 check model {base}`), then rerun")
+    out: Path = args.out or fv.default_out(base)
+    plan = fv.plan(base, out, mtp=not args.no_mtp)
+    inputs = fv.inputs_of(plan, record.model_fingerprint(base))
+    log = fv.stderr_log
+    if not args.force and out.is_dir() and record.is_current(out, fv.STEP, inputs):
+        log(f"fast-variant: skipped, {out} is current ({record.MANIFEST_NAME})")
+        return 0
+    outputs, report = fv.build(plan, inputs, log)
+    record.record_step(out, record.StepRecord(step=fv.STEP, inputs=inputs, outputs=outputs,
+                                              report=report))
+    mib = 1 << 20
+    parts = [
+        f"{group} {report[f'{group}_bytes_before'] / mib:.1f} -> "
+        f"{report[f'{group}_bytes_after'] / mib:.1f} MiB"
+        for group in ("lm_head", "mtp") if report[f"{group}_bytes_before"]
+    ]
+    worst = max(f["relative_error"] for f in report["tensors"].values())
+    print(f"fast-variant: wrote {out}: {len(plan.targets)} tensor(s) requantized to "
+          f"int{plan.fmt.bits} g{plan.fmt.group_size} ({'; '.join(parts)}; worst relative "
+          f"error {worst:.4f}), {report['linked']} file(s) linked from {base}")
     return 0

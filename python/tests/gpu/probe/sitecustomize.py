@@ -41,7 +41,7 @@ def _wrap_error_response(module: ModuleType) -> None:
                   file=sys.stderr, flush=True)
         return original(message, *args, **kwargs)
 
-    module.create_error_response = create_error_response
+    setattr(module, "create_error_response", create_error_response)  # noqa: B010
 
 
 def _wrap_spec_attn(module: ModuleType) -> None:
