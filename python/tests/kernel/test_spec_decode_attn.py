@@ -290,10 +290,13 @@ def test_split_kernel_compiled_for_h200_and_rtx3090(compiled: dict[str, Any]) ->
     }
     rows = {key: row for key, row in compiled.items() if "/" in key}
     cards = ("h200", "h200-triton", "rtx3090")
-    # int8_per_token_head caches compile for the Triton split pass only (no Hopper variant).
+    # 8-bit caches compile for the Triton split pass only (no Hopper variant).
     assert set(rows) == {f"{card}/q{q}" for card in cards for q in (4, 8, 16)} | {
-        f"{card}/q{q}/int8" for card in cards[1:] for q in (4, 8, 16)}
+        f"{card}/q{q}/{kv}" for card in cards[1:] for q in (4, 8, 16)
+        for kv in worker.COMPILE_8BIT_KV}
     for key, row in rows.items():
+        if "error" in row:  # test_fp8_split_pass_compiled_for_h200 holds these
+            continue
         assert row["regs"] is not None, f"ptxas gave no report for {key}"
         assert row["shared"] <= row["smem_estimate"] <= row["smem_limit"], (key, row)
     for q in (4, 8, 16):
@@ -331,6 +334,31 @@ def test_int8_split_pass_compiled_for_rtx3090(compiled: dict[str, Any]) -> None:
             # Same tiles as the bf16 plan: the planner decides from shapes only.
             assert (int8["block_m"], int8["tile_n"]) == (bf16["block_m"], bf16["tile_n"])
     assert all(compiled[f"rtx3090/q{q}/int8"]["mma_sync"] > 0 for q in (4, 8, 16))
+
+
+@pytest.mark.patch
+def test_fp8_split_pass_compiled_for_h200(compiled: dict[str, Any]) -> None:
+    """The fp8 variants (per tensor with bf16 and with fp8 queries, per token and head) as
+    the planner launches them on an H200's Triton split pass: they compile, fit, take less
+    shared memory than bf16 (byte tiles), multiply on the tensor cores and load no row a
+    byte at a time. On sm_86 this Triton refuses e4m3 (fp8e4nv needs sm_89), as
+    TRITON_ATTN refuses fp8 caches there, so an RTX 3090 never runs these; if a Triton
+    compiles them for sm_86 they must fit too."""
+    for q in (4, 8, 16):
+        bf16 = compiled[f"h200-triton/q{q}"]
+        for kv in ("fp8", "fp8q", "fp8pth"):
+            row = compiled[f"h200-triton/q{q}/{kv}"]
+            assert "error" not in row and row["regs"] is not None, row
+            assert row["spill_bytes"] is not None and row["byte_loads"] == 0, row
+            assert row["shared"] <= row["smem_estimate"] <= row["smem_limit"], row
+            assert row["shared"] < bf16["shared"], (row, bf16)
+            assert (row["block_m"], row["tile_n"]) == (bf16["block_m"], bf16["tile_n"])
+            assert row["wgmma"] + row["mma_sync"] > 0, row
+            on_3090 = compiled[f"rtx3090/q{q}/{kv}"]
+            if "error" in on_3090:
+                assert "fp8e4nv" in on_3090["error"], on_3090
+            else:
+                assert on_3090["shared"] <= on_3090["smem_limit"], on_3090
 
 
 BENCHMARK = worker.BENCH_DIR / "spec_decode_attn.py"
@@ -397,15 +425,18 @@ def test_benchmark_kv_table_runs_on_the_interpreter(
     per_token = {"bf16": 4096, "int8": 2080, "fp8": 2048, "fp8pth": 2080}
     for r in rows:
         assert r["kv_bytes"] == 64 * per_token[r["kv"]], r
-        assert r["rel_err"] < BF16_REL_ERR and r["stock_rel_err"] < BF16_REL_ERR, r
+        assert r["rel_err"] < BF16_REL_ERR, r
         assert r["speedup"] > 0 and r["pct_floor"] > 0, r
     by_kv = {r["kv"]: r for r in rows}
     # int8 and fp8 per token and head: both read the same values and scales and round P to
-    # bf16 alike. Per-tensor fp8 with fp8 queries: stock rounds P to fp8 for P @ V, the
-    # split pass to bf16, so they differ by stock's own error at most.
+    # bf16 alike.
     for kv in ("bf16", "int8", "fp8pth"):
+        assert by_kv[kv]["stock_rel_err"] < BF16_REL_ERR, by_kv[kv]
         assert by_kv[kv]["rel_err_vs_stock"] < 1e-3, by_kv[kv]
-    assert by_kv["fp8"]["rel_err"] <= by_kv["fp8"]["stock_rel_err"], by_kv["fp8"]
+    # Per-tensor fp8 with fp8 queries: stock multiplies fp8 by fp8 and rounds P to e4m3 for
+    # P @ V (5.4e-2 against the reference here), the split pass rounds P to bf16 (5.0e-3).
+    fp8 = by_kv["fp8"]
+    assert fp8["rel_err"] < fp8["stock_rel_err"] < 0.1, fp8
     assert (tmp_path / "table.md").read_text().count("| fp8") == 2
 
 
