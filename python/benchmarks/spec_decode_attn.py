@@ -4,7 +4,13 @@ kernel on verify batches (GQA 24/4, head_size 256, bf16 paged KV, block 16).
 Not a test: run it on a GPU with the patched vLLM tree importable::
 
     python spec_decode_attn.py --tree DIR [--out DIR] [--sweep] [--variants]
-                               [--contexts 1536,16384]
+                               [--contexts 1536,16384] [--kv bf16,int8,fp8]
+                               [--batches 1] [--budget 240] [--json PATH]
+
+The issue-21 table (stock vs split per KV dtype, batch 1, 16k/64k/128k, q = 8 and 16)::
+
+    python spec_decode_attn.py --tree DIR --kv bf16,int8,fp8 --batches 1 \
+        --contexts 16384,65536,131072 --queries 8,16 --budget 240 --json PATH
 
 DIR contains the patched ``vllm/``; put a ``vllm-0.28.0.dist-info/METADATA`` beside it where no
 ``vllm`` distribution is installed (vLLM's Triton probe asks importlib.metadata for one).
@@ -45,9 +51,14 @@ ROTATE_BYTES = 1 << 30
 # "cpu" only for --smoke: a Triton-interpreter pass over tiny shapes that checks this
 # script's plumbing before device time is spent on it.
 DEVICE = "cuda"
-# The KV cache the cells hold (--kv): "bf16", or "int8" (vLLM's int8_per_token_head layout,
-# bf16 queries; stock runs unified_attention's int8 per-token-head mode and the split-KV
-# path its Triton split pass, the only one that reads int8).
+# The KV caches the cells hold (--kv, one table row per dtype): "bf16"; "int8" (vLLM's
+# int8_per_token_head layout, bf16 queries; stock runs unified_attention's int8
+# per-token-head mode); "fp8" (fp8_e4m3 with the layer's per-tensor scales and fp8 queries
+# with theirs, as TRITON_ATTN runs it on CUDA; stock runs its FP8_PER_TENSOR mode);
+# "fp8pth" (fp8_per_token_head). The split-KV path reads the 8-bit ones with its Triton
+# split pass, the only one that does. The HBM floor counts each dtype's bytes, the
+# per-token-head scales included.
+KV_KINDS = ("bf16", "int8", "fp8", "fp8pth")
 KV = "bf16"
 
 
@@ -128,16 +139,22 @@ class Cell:
         self.batch = batch
         self.context = context
         lens = [context] * batch
-        make = ref.make_int8_batch if KV == "int8" else ref.make_batch
+        self.kv = KV
+        make, query_dtype = {
+            "bf16": (ref.make_batch, torch.bfloat16),
+            "int8": (ref.make_int8_batch, torch.bfloat16),
+            "fp8": (ref.make_fp8_batch, ref.FP8),
+            "fp8pth": (ref.make_fp8_pth_batch, torch.bfloat16),
+        }[KV]
         one = make(
             [1] * batch, lens, NUM_KV_HEADS, GROUP, HEAD_SIZE, BLOCK_SIZE,
-            torch.bfloat16, DEVICE, seed=context + batch,
+            query_dtype, DEVICE, seed=context + batch,
         )
         copies = max(1, min(48, math.ceil(ROTATE_BYTES / one.kv_bytes())))
         self.caches = [one] + [
             make(
                 [1] * batch, lens, NUM_KV_HEADS, GROUP, HEAD_SIZE, BLOCK_SIZE,
-                torch.bfloat16, DEVICE, seed=context + batch + 1000 * i,
+                query_dtype, DEVICE, seed=context + batch + 1000 * i,
             )
             for i in range(1, copies)
         ]
@@ -160,14 +177,22 @@ def stock_call(env: dict[str, Any], b: Any, out: Any) -> Callable[[], None]:
     segm_max = torch.empty((threshold, heads, 16), device=DEVICE)
     segm_sum = torch.empty((threshold, heads, 16), device=DEVICE)
     descale = torch.ones((), device=DEVICE).expand((len(b.kv_lens), NUM_KV_HEADS))
+    k_descale = v_descale = descale
     quant: dict[str, Any] = {}
-    if b.k_scale_cache is not None:
-        # As TRITON_ATTN calls it for int8_per_token_head: scale views, no descales.
-        from vllm.v1.kv_cache_interface import KVQuantMode
+    from vllm.v1.kv_cache_interface import KVQuantMode
 
-        quant = {"kv_quant_mode": KVQuantMode.INT8_PER_TOKEN_HEAD,
+    if b.k_scale_cache is not None:
+        # As TRITON_ATTN calls it for a per-token-head cache: scale views, no descales.
+        mode = (KVQuantMode.FP8_PER_TOKEN_HEAD if b.key_cache.dtype == ref_fp8(env)
+                else KVQuantMode.INT8_PER_TOKEN_HEAD)
+        quant = {"kv_quant_mode": mode,
                  "k_scale_cache": b.k_scale_cache, "v_scale_cache": b.v_scale_cache}
-        descale = None
+        k_descale = v_descale = None
+    elif b.k_descale is not None:
+        # Per-tensor fp8: the layer's scales expanded per (request, kv head), and the fp8
+        # query's own, as TRITON_ATTN passes them.
+        quant = {"kv_quant_mode": KVQuantMode.FP8_PER_TENSOR}
+        k_descale, v_descale = b.k_descale, b.v_descale
 
     def call() -> None:
         tua.unified_attention(
@@ -175,13 +200,17 @@ def stock_call(env: dict[str, Any], b: Any, out: Any) -> Callable[[], None]:
             cu_seqlens_q=b.cu_seqlens_q, max_seqlen_q=b.max_query_len,
             seqused_k=b.seq_lens, max_seqlen_k=max(b.kv_lens),
             softmax_scale=HEAD_SIZE**-0.5, causal=True, window_size=(-1, -1),
-            block_table=b.block_table, softcap=0, q_descale=None,
-            k_descale=descale, v_descale=descale, seq_threshold_3D=threshold,
+            block_table=b.block_table, softcap=0, q_descale=b.q_descale,
+            k_descale=k_descale, v_descale=v_descale, seq_threshold_3D=threshold,
             num_par_softmax_segments=16, softmax_segm_output=segm_out,
             softmax_segm_max=segm_max, softmax_segm_expsum=segm_sum, **quant,
         )
 
     return call
+
+
+def ref_fp8(env: dict[str, Any]) -> Any:
+    return env["ref"].FP8
 
 
 def new_call(
@@ -192,8 +221,8 @@ def new_call(
     fields: dict[str, Any] = dict(overrides or {})
     # Diagnostic only: time the split pass alone (its output is left unreduced).
     split_only = fields.pop("_split_only", False)
-    if b.k_scale_cache is not None:
-        fields.setdefault("kernel", "triton")  # no Hopper split pass reads int8
+    if b.key_cache.element_size() == 1:
+        fields.setdefault("kernel", "triton")  # no Hopper split pass reads 8-bit caches
     plan = sda.plan_launch(
         len(b.kv_lens), b.max_query_len, heads, NUM_KV_HEADS, HEAD_SIZE, ws, **fields
     )
@@ -204,7 +233,7 @@ def new_call(
         sda.spec_decode_attention(
             b.query, b.key_cache, b.value_cache, out, b.cu_seqlens_q, b.seq_lens,
             b.block_table, b.max_query_len, HEAD_SIZE**-0.5, ws, plan,
-            b.k_scale_cache, b.v_scale_cache,
+            b.k_scale_cache, b.v_scale_cache, b.q_descale, b.k_descale, b.v_descale,
         )
 
     return call
@@ -217,8 +246,10 @@ def rel_err(a: Any, b: Any) -> float:
 def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -> dict[str, Any]:
     torch = env["torch"]
     batches = cell.batches(q)
-    outs_stock = [torch.empty_like(b.query) for b in batches]
-    outs_new = [torch.full_like(b.query, float("nan")) for b in batches]
+    # 16-bit outputs whatever the query's dtype (TRITON_ATTN's for fp8 queries too).
+    outs_stock = [torch.empty(b.query.shape, dtype=torch.bfloat16, device=DEVICE)
+                  for b in batches]
+    outs_new = [torch.full_like(o, float("nan")) for o in outs_stock]
     pairs = list(zip(batches, outs_stock, strict=True))
     t_stock = _time_graph(torch, [stock_call(env, b, o) for b, o in pairs])
     pairs = list(zip(batches, outs_new, strict=True))
@@ -226,11 +257,13 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
     t_new = _time_graph(torch, new_calls)
     plan = env["sda"].plan_launch(
         cell.batch, q, NUM_KV_HEADS * GROUP, NUM_KV_HEADS, HEAD_SIZE, ws,
-        kernel="triton" if KV == "int8" else None,
+        kernel="triton" if cell.kv != "bf16" else None,
     )
     floor = cell.kv_bytes / copy_bw
+    # Both kernels against the float32 reference of the dequantized cache (and query).
+    want = env["ref"].reference(batches[0], HEAD_SIZE**-0.5)
     return {
-        "kv": KV,
+        "kv": cell.kv,
         "batch": cell.batch,
         "context": cell.context,
         "q": q,
@@ -243,6 +276,8 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
         "pct_floor": 100 * floor / t_new,
         "stock_pct_floor": 100 * floor / t_stock,
         "rel_err_vs_stock": rel_err(outs_new[0], outs_stock[0]),
+        "rel_err": rel_err(outs_new[0], want),
+        "stock_rel_err": rel_err(outs_stock[0], want),
         "kernel": plan.kernel,
         "grid": list(plan.split_grid),
         "min_segment_tokens": plan.min_segment_tokens,
@@ -441,14 +476,28 @@ def main() -> int:
                         help="comma-separated VARIANTS to time (default: all)")
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--queries", default=",".join(map(str, QUERY_LENS)))
-    parser.add_argument("--kv", choices=("bf16", "int8"), default="bf16",
-                        help="KV cache of the table's cells: bf16, or int8_per_token_head")
+    parser.add_argument("--kv", default="bf16",
+                        help="comma-separated KV caches of the table's cells, of "
+                        f"{', '.join(KV_KINDS)} (see KV_KINDS)")
+    parser.add_argument("--batches", default=None,
+                        help="comma-separated batch sizes of the table (default 1,4)")
+    parser.add_argument("--budget", type=float, default=0.0,
+                        help="seconds for the table: cells not started by then are left "
+                        "out, and listed as skipped (0: no limit)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the table's results JSON to this path")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global KV
-    KV = args.kv
+    global KV, BATCHES
+    kvs = [k for k in args.kv.split(",") if k]
+    unknown = sorted(set(kvs) - set(KV_KINDS))
+    if unknown or not kvs:
+        parser.error(f"--kv {args.kv!r}: unknown KV cache {', '.join(unknown) or '(none)'}; "
+                     f"choose from {', '.join(KV_KINDS)}")
     if args.smoke:
         _smoke_setup()
+    if args.batches:
+        BATCHES = tuple(int(b) for b in args.batches.split(",") if b)
     sys.path.insert(0, args.tree)
     sys.path.insert(1, str(PYTHON_DIR))  # after the tree: its vllm must win
     import torch
@@ -496,21 +545,33 @@ def main() -> int:
         time_configs(env, ws, copy_bw, out_dir / "variants.json", args.variants_budget,
                      VARIANT_CELLS, chosen)
         print(f"variants took {time.perf_counter() - started:.0f} s", flush=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     contexts = [int(c) for c in args.contexts.split(",") if c]
     if not contexts:
         return 0
+    queries = [int(x) for x in args.queries.split(",")]
+    table_started = time.perf_counter()
     for batch in BATCHES:
         for context in contexts:
-            cell = Cell(env, batch, context)
-            for q in [int(x) for x in args.queries.split(",")]:
-                row = run_cell(env, cell, q, ws, copy_bw)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                with (out_dir / "rows.jsonl").open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-            del cell
-            torch.cuda.empty_cache()
+            for kv in kvs:
+                if args.budget and time.perf_counter() - table_started > args.budget:
+                    skipped += [{"batch": batch, "context": context, "kv": kv, "q": q}
+                                for q in queries]
+                    print(f"time budget spent: skipping batch {batch}, context {context}, "
+                          f"{kv} KV", flush=True)
+                    continue
+                KV = kv
+                cell = Cell(env, batch, context)
+                for q in queries:
+                    row = run_cell(env, cell, q, ws, copy_bw)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    with (out_dir / "rows.jsonl").open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                del cell
+                if DEVICE == "cuda":
+                    torch.cuda.empty_cache()
     # The floor uses the better of two copy measurements (start and end of the run).
     copy_bw = max(copy_bw, measure_copy_bandwidth(torch))
     for r in rows:
@@ -520,22 +581,32 @@ def main() -> int:
     lines = [
         f"card: {card}; measured copy bandwidth {copy_bw / 1e12:.2f} TB/s; {software}",
         "",
-        "| batch | context | q | stock µs | new µs | speedup | new TB/s | HBM floor µs "
-        "| % of floor | stock % of floor | rel err vs stock | split pass |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| KV | batch | context | q | stock µs | new µs | stock/split | new TB/s "
+        "| HBM floor µs | % of floor | stock % of floor | rel err new / stock "
+        "| new vs stock | split pass |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['batch']} | {r['context']} | {r['q']} | {r['stock_us']:.1f} | "
+            f"| {r['kv']} | {r['batch']} | {r['context']} | {r['q']} | {r['stock_us']:.1f} | "
             f"{r['new_us']:.1f} | {r['speedup']:.1f}x | {r['new_tb_s']:.2f} | "
             f"{r['floor_us']:.1f} | {r['pct_floor']:.1f}% | {r['stock_pct_floor']:.1f}% | "
-            f"{r['rel_err_vs_stock']:.1e} | {r['kernel']} ({r['kv']} KV) |"
+            f"{r['rel_err']:.1e} / {r['stock_rel_err']:.1e} | "
+            f"{r['rel_err_vs_stock']:.1e} | {r['kernel']} |"
         )
+    if skipped:
+        lines += ["", f"skipped (time budget {args.budget:.0f} s): "
+                  + ", ".join(f"{s['kv']} b{s['batch']} {s['context']} q{s['q']}"
+                              for s in skipped)]
     table = "\n".join(lines)
     (out_dir / "table.md").write_text(table + "\n")
-    (out_dir / "results.json").write_text(
-        json.dumps({"card": card, "copy_bw": copy_bw, "rows": rows}, indent=1)
-    )
+    results = json.dumps({"card": card, "copy_bw": copy_bw, "software": software,
+                          "seconds": round(time.perf_counter() - started, 1),
+                          "rows": rows, "skipped": skipped}, indent=1)
+    (out_dir / "results.json").write_text(results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(results)
     print(table)
     return 0
 

@@ -81,9 +81,19 @@ class CacheRow:
 # The KV cache dtypes the series' split-KV verify kernels read (SUPPORTED_KV_CACHE_DTYPES in
 # patches/overlay/.../spec_decode_attention.py; a test holds the two equal). A "knob" row whose
 # cache is outside it runs the stock verify attention, and the plan says so (issue 21).
-# int8_per_token_head is read by the Triton split pass through TRITON_ATTN only, the one
-# backend vLLM 0.28.0 stores it with.
-SPEC_ATTN_KV_DTYPES = ("auto", "bfloat16", "float16", "int8_per_token_head")
+# The 8-bit ones (int8_per_token_head, fp8/fp8_e4m3 per tensor, fp8_per_token_head) are read
+# by the Triton split pass through TRITON_ATTN only, the backend that hands it their scales;
+# no fp8 row uses a speculator with the split path (they run FlashInfer on sm86, gotcha 40,
+# and TRITON_ATTN refuses fp8 caches below sm89), so adding them changes no plan.
+SPEC_ATTN_KV_DTYPES = (
+    "auto",
+    "bfloat16",
+    "float16",
+    "int8_per_token_head",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_per_token_head",
+)
 
 _FAST = CacheRow("bfloat16", "FLASH_ATTN", None, None, "knob")
 # fp8 KV: FlashInfer is the only sm86 backend that takes it (gotcha 40), so none is named.

@@ -80,6 +80,33 @@ CPU_INT8_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     # The planner's own plan; 32-token tiles inside 32-token blocks (one read a tile).
     ("int8_ragged_nan_tail_blk32", [16, 2], [150, 37], None, 32),
 ]
+# fp8 caches, same fields: per-tensor scales ("fp8"/"fp8_e4m3", with bf16 queries as the
+# CPU build gives them and fp8 ones as the Attention layer quantizes them on CUDA), one
+# scale per kv head, and per-token-head scales (fp8_per_token_head). NaN in the tails.
+FP8_KINDS = ("fp8", "fp8q", "fp8heads", "fp8pth")
+CPU_FP8_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
+    ("fp8_ragged_nan_tail_seg4", [2, 8, 16], [40, 300, 90], 4, 16),
+    ("fp8_ragged_nan_tail_blk32", [16, 2], [150, 37], None, 32),
+]
+CUDA_FP8_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
+    ("fp8_q8_ctx64k", [8], [65536], None, 16),
+    ("fp8_ragged_nan_tail", [16, 2, 8], [9001, 35, 70001], None, 16),
+]
+
+
+def make_fp8_kind(ref: Any, kind: str, qlens: list[int], kvlens: list[int], kv_heads: int,
+                  group: int, head_size: int, block_size: int, device: str, seed: int) -> Any:
+    """One of FP8_KINDS' batches (spec_decode_ref's makers)."""
+    import torch
+
+    if kind == "fp8pth":
+        return ref.make_fp8_pth_batch(qlens, kvlens, kv_heads, group, head_size, block_size,
+                                      torch.bfloat16, device, seed)
+    query_dtype = ref.FP8 if kind == "fp8q" else torch.bfloat16
+    return ref.make_fp8_batch(qlens, kvlens, kv_heads, group, head_size, block_size,
+                              query_dtype, device, seed, head_scales=kind == "fp8heads")
+
+
 CUDA_INT8_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     ("int8_q8_ctx64k", [8], [65536], None, 16),
     ("int8_ragged_nan_tail", [16, 2, 8], [9001, 35, 70001], None, 16),
@@ -144,6 +171,22 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
             sda, ref, batch, ws, None, segments, False, qlens, kvlens, "int8"
         )
         print(f"{key}: {results['kernel'][key]}", flush=True)
+    fp8_cases = CPU_FP8_CASES if device == "cpu" else CUDA_FP8_CASES
+    for seed, (name, qlens, kvlens, segments, block_size) in enumerate(fp8_cases, 700):
+        for kind in FP8_KINDS:
+            batch = make_fp8_kind(ref, kind, qlens, kvlens, kv_heads, group, head_size,
+                                  block_size, device, seed)
+            ref.poison_tail(batch)
+            ws = sda.SpecDecodeWorkspace(
+                max_tokens=len(qlens) * max(qlens), num_heads=kv_heads * group,
+                head_size=head_size, device=torch.device(device),
+                num_sms=8 if device == "cpu" else 132, hopper=hopper,
+            )
+            key = f"{name}/{kind}"
+            results["kernel"][key] = run_case(
+                sda, ref, batch, ws, None, segments, False, qlens, kvlens, kind
+            )
+            print(f"{key}: {results['kernel'][key]}", flush=True)
     for seed, (name, qlens, kvlens, segments, block_size) in enumerate(
         [*cases, full_shape] if device == "cpu" else cases
     ):
@@ -182,8 +225,8 @@ def run_case(
     heads, hs = batch.query.shape[1], batch.query.shape[2]
     kvh = batch.num_kv_heads
     overrides: dict[str, Any] = {} if kernel is None else {"kernel": kernel}
-    if segments is not None and batch.k_scale_cache is not None:
-        overrides["kernel"] = "triton"  # the only split pass for int8 caches
+    if segments is not None and batch.key_cache.element_size() == 1:
+        overrides["kernel"] = "triton"  # the only split pass for 8-bit caches
     if segments is not None:
         # Short segments so that the small contexts span several of them.
         overrides.update(num_segments=segments, min_segment_tokens=1,
@@ -191,7 +234,10 @@ def run_case(
     plan = None
     if overrides:
         plan = sda.plan_launch(len(qlens), max(qlens), heads, kvh, hs, ws, **overrides)
-    out = torch.full_like(batch.query, float("nan"))
+    out = torch.full(batch.query.shape, float("nan"), dtype=torch.bfloat16,
+                     device=batch.query.device)
+    if batch.query.dtype == torch.float16:
+        out = out.half()
     scale = hs**-0.5
     t0 = time.perf_counter()
     used = sda.spec_decode_attention(
@@ -208,6 +254,9 @@ def run_case(
         plan,
         batch.k_scale_cache,
         batch.v_scale_cache,
+        batch.q_descale,
+        batch.k_descale,
+        batch.v_descale,
     )
     elapsed = time.perf_counter() - t0
     row: dict[str, Any] = ref.compare(out, ref.reference(batch, scale), batch)
@@ -372,10 +421,14 @@ def check_hopper_compile_failure(
         ws.hopper = saved[1]
 
 
+# Caches the split passes do not read: TRITON_ATTN takes them, the split path declines.
+DECLINED_KV = ("int4_per_token_head", "fp8_e5m2")
+
+
 def check_decline_is_loud(
     ta_mod: Any, heads: int, hs: int, scale: float, kvh: int, qmax: int, kv_cache_dtype: str
 ) -> dict[str, Any]:
-    """A cache the split passes cannot read (int4 per-token-head, fp8) with the path asked
+    """A cache the split passes cannot read (int4 per-token-head, fp8_e5m2) with the path asked
     for: no split-KV object, and a warning on vLLM's logger naming the backend and the
     cache dtype."""
     import logging
@@ -402,7 +455,17 @@ def check_decline_is_loud(
             "warnings": [m for m in seen if "spec-decode attention" in m]}
 
 
-def check_int8_dispatch(
+# The quantized caches the dispatch checks take through TRITON_ATTN: the kv_cache_dtype
+# vLLM is given, and the batch maker's kind (int8, or one of FP8_KINDS).
+QUANTIZED_DISPATCH = {
+    "int8_kv": ("int8_per_token_head", "int8"),
+    "fp8_kv": ("fp8", "fp8"),
+    "fp8_e4m3_fp8q_kv": ("fp8_e4m3", "fp8q"),
+    "fp8_per_token_head_kv": ("fp8_per_token_head", "fp8pth"),
+}
+
+
+def check_quantized_dispatch(
     device: str,
     make_impl: Callable[..., Any],
     run: Callable[..., tuple[dict[str, Any], list[Any]]],
@@ -411,38 +474,57 @@ def check_int8_dispatch(
     hs: int,
     scale: float,
     launches: list[tuple[str, list[int]]],
+    kv_cache_dtype: str,
+    kind: str,
 ) -> dict[str, Any]:
-    """An int8_per_token_head verify batch through TritonAttentionImpl.forward with the
-    path on (the split pass, given the scale views TRITON_ATTN carves from the cache) and
-    off (stock unified_attention on the same cache): both against the float32 reference of
-    the dequantized cache, and against each other."""
+    """A verify batch on a quantized cache through TritonAttentionImpl.forward with the
+    path on (the split pass, given the scale views TRITON_ATTN carves from a per-token-head
+    cache, or the layer's per-tensor fp8 descales) and off (stock unified_attention on the
+    same cache): both against the float32 reference of the dequantized cache, and against
+    each other."""
     import torch
 
     from tests.support import spec_decode_ref as ref
 
-    batch = ref.make_int8_batch([8, 2, 16], [300, 37, 150], kvh, g, hs, 16, torch.bfloat16,
-                                device, 601)
+    qlens, kvlens = [8, 2, 16], [300, 37, 150]
+    if kind == "int8":
+        batch = ref.make_int8_batch(qlens, kvlens, kvh, g, hs, 16, torch.bfloat16, device,
+                                    601)
+    else:
+        batch = make_fp8_kind(ref, kind, qlens, kvlens, kvh, g, hs, 16, device, 601)
     ref.poison_tail(batch)
+    # TRITON_ATTN reads a per-tensor cache's scales from the layer: the batch's scalars.
+    one = torch.ones((), device=device)
+    layer = SimpleNamespace(
+        _k_scale=batch.k_descale[0, 0].clone() if batch.k_descale is not None else one,
+        _v_scale=batch.v_descale[0, 0].clone() if batch.v_descale is not None else one,
+        _q_scale=batch.q_descale.clone() if batch.q_descale is not None else one,
+    )
+    # vLLM allocates 8-bit caches as bytes; the backend views them as its fp8 dtype.
+    kv_cache = batch.kv_cache.view(torch.uint8) if kind != "int8" else batch.kv_cache
     result: dict[str, Any] = {}
     outs = {}
     for name, enabled in (("on", True), ("off", False)):
-        impl = make_impl("triton", enabled, "int8_per_token_head")
+        impl = make_impl("triton", enabled, kv_cache_dtype)
         result[f"{name}_created"] = impl.spec_decode_attn is not None
-        # The impl carves its scale views from the cache on first use and sets every
-        # scale to 1 (vLLM does it before the first cache write); carve them here, put
-        # the batch's bytes back, and check the views are the batch's own scales.
-        saved = batch.kv_cache.clone()
-        impl._ensure_scale_caches(batch.kv_cache)
-        batch.kv_cache.copy_(saved)
-        result[f"{name}_scale_views_match"] = all(
-            mine is not None and view.data_ptr() == mine.data_ptr()
-            and view.stride() == mine.stride()
-            and view.shape == mine.shape
-            for view, mine in ((impl._k_scale_cache, batch.k_scale_cache),
-                               (impl._v_scale_cache, batch.v_scale_cache))
-        )
-        out = torch.full_like(batch.query, float("nan"))
-        row, grids = run(impl, kind="triton", batch=batch, out=out)
+        if batch.k_scale_cache is not None:
+            # The impl carves its scale views from the cache on first use and sets every
+            # scale to 1 (vLLM does it before the first cache write); carve them here, put
+            # the batch's bytes back, and check the views are the batch's own scales.
+            saved = kv_cache.clone()
+            impl._ensure_scale_caches(kv_cache)
+            kv_cache.copy_(saved)
+            result[f"{name}_scale_views_match"] = all(
+                mine is not None and view.data_ptr() == mine.data_ptr()
+                and view.stride() == mine.stride()
+                and view.shape == mine.shape
+                for view, mine in ((impl._k_scale_cache, batch.k_scale_cache),
+                                   (impl._v_scale_cache, batch.v_scale_cache))
+            )
+        out = torch.full(batch.query.shape, float("nan"), dtype=torch.bfloat16,
+                         device=device)
+        row, grids = run(impl, kind="triton", batch=batch, out=out, layer_=layer,
+                         kv_cache=kv_cache)
         result[name] = {**row, "launches": grids}
         outs[name] = out
     tokens = sum(batch.query_lens)
@@ -566,13 +648,15 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
         return meta
 
     def run(
-        impl: Any, kind: str, batch: ref.PagedBatch, out: torch.Tensor | None = None
+        impl: Any, kind: str, batch: ref.PagedBatch, out: torch.Tensor | None = None,
+        layer_: Any = None, kv_cache: torch.Tensor | None = None,
     ) -> tuple[dict[str, Any], list[Any]]:
         if out is None:
             out = torch.full_like(batch.query, float("nan"))
         del launches[:]
         impl.forward(
-            layer, batch.query, None, None, batch.kv_cache, metadata(kind, batch), out
+            layer_ or layer, batch.query, None, None,
+            batch.kv_cache if kv_cache is None else kv_cache, metadata(kind, batch), out,
         )
         row = ref.compare(out, ref.reference(batch, scale), batch)
         return row, list(launches)
@@ -615,13 +699,14 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
     )
     impl_off = make_impl("triton", False)
     checks["triton/off_created"] = impl_off.spec_decode_attn is not None
-    for declined in ("int4_per_token_head", "fp8"):
+    for declined in DECLINED_KV:
         checks[f"triton/{declined}_kv"] = check_decline_is_loud(
             ta_mod, heads, hs, scale, kvh, qmax, declined
         )
-    checks["triton/int8_kv"] = check_int8_dispatch(
-        device, make_impl, run, kvh, g, hs, scale, launches
-    )
+    for key, (kv_cache_dtype, kind) in QUANTIZED_DISPATCH.items():
+        checks[f"triton/{key}"] = check_quantized_dispatch(
+            device, make_impl, run, kvh, g, hs, scale, launches, kv_cache_dtype, kind
+        )
     row, grids = run(impl_off, "triton", verify)
     checks["triton/verify_off"] = {**row, "launches": grids}
 
@@ -649,6 +734,13 @@ COMPILE_TARGETS = (
     ("rtx3090", 86, 82, 99 << 10, False),
 )
 COMPILE_QUERY_LENS = (4, 8, 16)
+# The 8-bit caches compiled for the Triton split pass (_triton_split_source's kinds).
+COMPILE_8BIT_KV = ("int8", "fp8", "fp8q", "fp8pth")
+
+
+def _last_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
 
 
 def _ptxas_report(ptx: str, arch: str, workdir: Path) -> tuple[int | None, int | None]:
@@ -726,15 +818,23 @@ def _compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size
 def _triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
                          block_size: int) -> tuple[dict[str, str], dict[Any, Any]]:
     """Signature and alignment facts of the Triton split pass as a launch over a ``kv``
-    cache ("bf16", or "int8": int8_per_token_head) specialises it: Triton's JIT marks a
-    pointer 16-byte aligned and an integer a multiple of 16 where they are (the block
-    table's row stride is left unknown)."""
+    cache specialises it ("bf16"; "int8": int8_per_token_head; "fp8pth":
+    fp8_per_token_head; "fp8": per-tensor fp8 with bf16 queries; "fp8q": the same with fp8
+    queries and their descale): Triton's JIT marks a pointer 16-byte aligned and an integer
+    a multiple of 16 where they are (the block table's row stride is left unknown). A
+    launch without a q descale passes None, a constexpr."""
+    cache_type = {"int8": "*i8", "fp8pth": "*fp8e4nv", "fp8": "*fp8e4nv",
+                  "fp8q": "*fp8e4nv"}.get(kv, "*bf16")
     signature: dict[str, str] = {}
     for name in fn.arg_names:
-        if name in ("out_ptr", "q_ptr"):
+        if name == "out_ptr":
             signature[name] = "*bf16"
+        elif name == "q_ptr":
+            signature[name] = "*fp8e4nv" if kv == "fp8q" else "*bf16"
         elif name in ("key_cache_ptr", "value_cache_ptr"):
-            signature[name] = "*i8" if kv == "int8" else "*bf16"
+            signature[name] = cache_type
+        elif name == "q_scale_ptr":
+            signature[name] = "*fp32" if kv == "fp8q" else "constexpr"
         elif name.startswith("part_") or name in ("k_scale_ptr", "v_scale_ptr"):
             signature[name] = "*fp32"
         elif name.endswith("_ptr"):
@@ -749,7 +849,7 @@ def _triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
             signature[name] = "constexpr"
     aligned = {name for name in fn.arg_names
                if name.endswith("_ptr") or (name.startswith("stride") and name != "stride_bt")}
-    if kv == "int8":
+    if kv in ("int8", "fp8pth"):
         # TRITON_ATTN's per-token-head layout: per (token, kv head) [K int8 x hs | K scale
         # fp32 | V int8 x hs | V scale fp32], so V's and its scale's rows start 4 bytes
         # past a 16-byte boundary, and a head's row is 2 * (hs + 4) bytes long.
@@ -802,11 +902,11 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
         )
         variants = [(q, "bf16") for q in COMPILE_QUERY_LENS]
         if not hopper:
-            # No Hopper split pass reads int8 caches: the Triton one there too.
-            variants += [(q, "int8") for q in COMPILE_QUERY_LENS]
+            # No Hopper split pass reads 8-bit caches: the Triton one there too.
+            variants += [(q, kv) for kv in COMPILE_8BIT_KV for q in COMPILE_QUERY_LENS]
         for q, kv in variants:
             plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws,
-                                   kernel="triton" if kv == "int8" else None)
+                                   kernel="triton" if kv != "bf16" else None)
             if plan.kernel == "hopper":
                 compiled = _compile_hopper(hopper_mod, plan, heads, kv_heads, head_size, block_size)
                 ptx = compiled.asm["ptx"]
@@ -830,17 +930,29 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 "BLOCK_SIZE": block_size, "BLOCK_M": plan.block_m, "BLOCK_Q": plan.block_q,
                 "Q_TILES": plan.q_tiles, "TILE_N": plan.tile_n,
                 "NUM_SEGMENTS": plan.num_segments, "BT_LOOKAHEAD": plan.bt_lookahead,
-                "KV_INT8": kv == "int8",
+                "KV_SCALES": {"int8": 2, "fp8pth": 2, "fp8": 1, "fp8q": 1}.get(kv, 0),
+                "Q_SCALED": kv == "fp8q",
             }
+            if signature["q_scale_ptr"] == "constexpr":
+                constexprs["q_scale_ptr"] = None
             source = ASTSource(
                 fn, signature,
                 constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
                 attrs=attrs,
             )
-            compiled = triton.compile(
-                source, target=GPUTarget("cuda", cap, 32),
-                options={"num_warps": plan.num_warps, "num_stages": plan.num_stages},
-            )
+            try:
+                compiled = triton.compile(
+                    source, target=GPUTarget("cuda", cap, 32),
+                    options={"num_warps": plan.num_warps, "num_stages": plan.num_stages},
+                )
+            except Exception as exc:
+                if kv == "bf16":
+                    raise
+                # An 8-bit variant this Triton refuses for the target: recorded, not fatal.
+                key = f"{card}/q{q}/{kv}"
+                report[key] = {"kernel": plan.kernel, "error": _last_line(exc)}
+                print(f"{key}: {report[key]}", flush=True)
+                continue
             ptx = compiled.asm["ptx"]
             regs, spill = _ptxas_report(ptx, f"sm_{cap}a" if cap >= 90 else f"sm_{cap}", workdir)
             row = {
@@ -854,7 +966,7 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 # Single-byte global loads: what an int8 row not known 4-byte aligned gets.
                 "byte_loads": ptx.count("ld.global.b8"),
             }
-            key = f"{card}/q{q}" + ("/int8" if kv == "int8" else "")
+            key = f"{card}/q{q}" + ("" if kv == "bf16" else f"/{kv}")
             report[key] = row
             print(f"{key}: {row}", flush=True)
     results["compiled"] = report

@@ -33,6 +33,11 @@ class PagedBatch:
     # view, its last dimension head_size + 4).
     k_scale_cache: torch.Tensor | None = None
     v_scale_cache: torch.Tensor | None = None
+    # Per-tensor fp8 caches only: float32 [seqs, kv_heads] descales (TRITON_ATTN expands the
+    # layer's scalar _k_scale/_v_scale to that shape), and an fp8 query's scalar descale.
+    k_descale: torch.Tensor | None = None
+    v_descale: torch.Tensor | None = None
+    q_descale: torch.Tensor | None = None
 
     @property
     def max_query_len(self) -> int:
@@ -43,7 +48,8 @@ class PagedBatch:
         return int(self.key_cache.shape[2])
 
     def kv_bytes(self) -> int:
-        """Bytes of K and V the batch must read once (the HBM floor's numerator)."""
+        """Bytes of K and V the batch must read once (the HBM floor's numerator); a
+        per-token-head cache's rows include their 4-byte scales."""
         per_token = 2 * self.num_kv_heads * self.key_cache.shape[3] * self.key_cache.element_size()
         return int(sum(self.kv_lens) * per_token)
 
@@ -122,12 +128,16 @@ def with_queries(
     head_size = batch.key_cache.shape[3]
     dtype = batch.key_cache.dtype
     if batch.k_scale_cache is not None:
-        # An int8 per-token-head cache: rows padded by the 4-byte scale, 16-bit queries.
+        # A per-token-head cache: rows padded by the 4-byte scale, 16-bit queries.
         head_size -= 4
         dtype = batch.query.dtype
-    query = torch.randn(
-        (tokens, num_heads, head_size), generator=gen, device=device
-    ).to(dtype)
+    elif batch.k_descale is not None:
+        dtype = batch.query.dtype  # a per-tensor fp8 cache: the batch's query dtype
+    query = torch.randn((tokens, num_heads, head_size), generator=gen, device=device)
+    if dtype == FP8 and batch.q_descale is not None:
+        query = to_fp8(query / batch.q_descale)
+    else:
+        query = query.to(dtype)
     starts = [0]
     for q in query_lens:
         starts.append(starts[-1] + q)
@@ -182,9 +192,119 @@ def make_int8_batch(
     )
 
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def to_fp8(x: torch.Tensor) -> torch.Tensor:
+    """Round to fp8 e4m3 (nearest), saturating at its largest value as vLLM's cache writes
+    do (torch's cast turns out-of-range values into NaN)."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def make_fp8_batch(
+    query_lens: list[int],
+    kv_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_size: int,
+    block_size: int,
+    query_dtype: torch.dtype,
+    device: str | torch.device,
+    seed: int,
+    head_scales: bool = False,
+) -> PagedBatch:
+    """make_batch's data as vLLM 0.28.0's TRITON_ATTN stores an ``fp8``/``fp8_e4m3``
+    cache: e4m3 values of x / scale (the layer's per-tensor _k_scale and _v_scale, here
+    max |x| / 448 so that the values span e4m3's range), K and V halves of one (blocks,
+    kv_heads, block_size, 2*hs) tensor stored NHD, and the [seqs, kv_heads] descales
+    expanded from the scalar. head_scales: one scale per kv head instead (a per-head
+    checkpoint's scales, which stock's Triton kernel reads only the first of). An fp8
+    query_dtype quantizes the queries too, with their own per-tensor scale, as the
+    Attention layer does on CUDA before TRITON_ATTN."""
+    src = make_batch(query_lens, kv_lens, num_kv_heads, group, head_size, block_size,
+                     torch.float32, device, seed)
+    values = src.kv_cache.permute(0, 2, 1, 3)  # contiguous (blocks, bs, kv_heads, 2*hs)
+    if head_scales:
+        # Heads of different magnitudes (x 2^h, exact), so each gets its own scale.
+        values = values * (2.0 ** torch.arange(num_kv_heads, device=device))[:, None]
+    raw = torch.empty(values.shape, dtype=FP8, device=device)
+    descales = []
+    for side in (0, 1):
+        x = values[..., side * head_size : (side + 1) * head_size]
+        per_head = x.abs().amax(dim=(0, 1, 3))
+        amax = per_head if head_scales else per_head.max().expand(num_kv_heads)
+        scale = (amax / FP8_MAX).clamp(min=1e-6).contiguous()
+        raw[..., side * head_size : (side + 1) * head_size] = to_fp8(
+            x / scale[None, None, :, None]
+        )
+        # TRITON_ATTN's descale_shape = (num_seqs, num_kv_heads), a stride-0 expansion.
+        shape = (len(kv_lens), num_kv_heads)
+        descales.append(scale.expand(shape) if head_scales else scale[:1].expand(shape))
+    logical, key_cache, value_cache = paged_views(raw, head_size)
+    batch = replace(src, key_cache=key_cache, value_cache=value_cache, kv_cache=logical,
+                    k_descale=descales[0], v_descale=descales[1])
+    if query_dtype == FP8:
+        q_scale = (src.query.abs().amax() / FP8_MAX).reshape(())
+        return replace(batch, query=to_fp8(src.query / q_scale), q_descale=q_scale)
+    return replace(batch, query=src.query.to(query_dtype))
+
+
+def make_fp8_pth_batch(
+    query_lens: list[int],
+    kv_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_size: int,
+    block_size: int,
+    query_dtype: torch.dtype,
+    device: str | torch.device,
+    seed: int,
+) -> PagedBatch:
+    """make_int8_batch's layout with e4m3 values (``fp8_per_token_head``): per (token,
+    head) [K e4m3 x hs | K scale fp32 | V e4m3 x hs | V scale fp32], scale = max(absmax /
+    448, 1e-6); the K and V views are fp8, as TRITON_ATTN's _pth_key_value_caches gives
+    them to its kernels."""
+    src = make_batch(query_lens, kv_lens, num_kv_heads, group, head_size, block_size,
+                     torch.float32, device, seed)
+    values = src.kv_cache.permute(0, 2, 1, 3)
+    padded = head_size + 4
+    raw = torch.zeros((*values.shape[:3], 2 * padded), dtype=torch.uint8, device=device)
+    for side in (0, 1):
+        x = values[..., side * head_size : (side + 1) * head_size]
+        scale = (x.abs().amax(dim=-1) / FP8_MAX).clamp(min=1e-6)
+        raw[..., side * padded : side * padded + head_size] = to_fp8(
+            x / scale[..., None]).view(torch.uint8)
+        scale_bytes = raw[..., side * padded + head_size : (side + 1) * padded]
+        scale_bytes.view(torch.float32)[..., 0] = scale
+    logical = raw.permute(0, 2, 1, 3)
+    key_cache, value_cache = torch.split(logical.transpose(1, 2).view(FP8), padded, dim=-1)
+    return replace(
+        src,
+        query=src.query.to(query_dtype),
+        key_cache=key_cache,
+        value_cache=value_cache,
+        kv_cache=logical,
+        k_scale_cache=raw[..., head_size:padded].view(torch.float32)[..., 0],
+        v_scale_cache=raw[..., padded + head_size :].view(torch.float32)[..., 0],
+    )
+
+
 def dequantized(batch: PagedBatch) -> PagedBatch:
-    """The batch with an int8 per-token-head cache replaced by its float32 dequantization
-    (value x its (token, head) scale): what the reference attends over."""
+    """The batch with a quantized cache replaced by its float32 dequantization (value x
+    its (token, head) scale, or x the per-tensor or per-head scale) and an fp8 query by
+    its own: what the reference attends over."""
+    if batch.q_descale is not None:
+        batch = replace(batch, query=batch.query.float() * batch.q_descale, q_descale=None)
+    if batch.k_descale is not None and batch.v_descale is not None:
+        # The reference's cache is shared by the requests: one scale per kv head.
+        k_sc, v_sc = batch.k_descale[0], batch.v_descale[0]
+        return replace(
+            batch,
+            key_cache=batch.key_cache.float() * k_sc[None, None, :, None],
+            value_cache=batch.value_cache.float() * v_sc[None, None, :, None],
+            k_descale=None, v_descale=None,
+        )
     if batch.k_scale_cache is None or batch.v_scale_cache is None:
         return batch
     hs = batch.query.shape[2]
@@ -197,15 +317,17 @@ def dequantized(batch: PagedBatch) -> PagedBatch:
 def poison_tail(batch: PagedBatch) -> None:
     """NaN in K and V of the slots past each request's length in its last block: a kernel
     may load them but must never let them into a result (p = 0 does not cancel NaN). An
-    int8 cache cannot hold NaN: its scales there are NaN and its values the largest."""
+    int8 cache cannot hold NaN: its scales there are NaN and its values the largest; an
+    fp8 per-token-head one gets NaN values and NaN scales."""
     block_size = batch.key_cache.shape[1]
     for s, kv_len in enumerate(batch.kv_lens):
         if kv_len % block_size:
             block = int(batch.block_table[s, (kv_len - 1) // block_size])
             tail = slice(kv_len % block_size, None)
             if batch.k_scale_cache is not None and batch.v_scale_cache is not None:
-                batch.key_cache[block, tail] = 127
-                batch.value_cache[block, tail] = 127
+                fill = float("nan") if batch.key_cache.dtype == FP8 else 127
+                batch.key_cache[block, tail] = fill
+                batch.value_cache[block, tail] = fill
                 batch.k_scale_cache[block, tail] = float("nan")
                 batch.v_scale_cache[block, tail] = float("nan")
             else:
@@ -215,8 +337,8 @@ def poison_tail(batch: PagedBatch) -> None:
 
 def reference(batch: PagedBatch, scale: float) -> torch.Tensor:
     """Causal paged attention in float32: row i of a request with KV length c and query
-    length q sees keys [0, c - q + i]. An int8 per-token-head cache is dequantized
-    first."""
+    length q sees keys [0, c - q + i]. A quantized cache (and an fp8 query) is
+    dequantized first."""
     batch = dequantized(batch)
     q_all = batch.query.float()
     out = torch.zeros_like(q_all)

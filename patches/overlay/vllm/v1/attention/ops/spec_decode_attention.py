@@ -66,12 +66,26 @@ logger = init_logger(__name__)
 
 # The KV cache dtypes the split passes read. qwen3090's planner keeps the same
 # list, so it never asks for this path on a cache it would decline; a test holds
-# the two equal. fp8 caches (per-tensor or per-token-head scales) and int4 ones
-# take the stock path.
-SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "int8_per_token_head")
+# the two equal. fp8_e5m2 and int4 caches take the stock path.
+SUPPORTED_KV_CACHE_DTYPES = (
+    "auto",
+    "bfloat16",
+    "float16",
+    "int8_per_token_head",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_per_token_head",
+)
 # Quantized caches, with the backends whose forward hands the kernel their
-# scales: only TRITON_ATTN stores per-token-head caches in 0.28.0.
-QUANTIZED_KV_BACKENDS = {"int8_per_token_head": ("TRITON_ATTN",)}
+# scales: TRITON_ATTN's (per-token-head scale views; per-tensor descales).
+QUANTIZED_KV_BACKENDS = {
+    dtype: ("TRITON_ATTN",)
+    for dtype in ("int8_per_token_head", "fp8", "fp8_e4m3", "fp8_per_token_head")
+}
+# Per-tensor fp8 caches (one K and one V scale, the layer's _k_scale/_v_scale).
+FP8_TENSOR_KV_DTYPES = ("fp8", "fp8_e4m3")
+# The kernels' KV_SCALES modes.
+_KV_PLAIN, _KV_TENSOR, _KV_TOKEN_HEAD = 0, 1, 2
 
 # The kernels run the softmax in base 2 (exp2 is one instruction).
 _LOG2E = 1.4426950408889634
@@ -130,7 +144,7 @@ def _attend_tile(
     stride_vs_blk: tl.int64,
     stride_vs_slot: tl.int64,
     MASKED: tl.constexpr,
-    KV_INT8: tl.constexpr,
+    KV_PTH: tl.constexpr,
 ):
     """One online-softmax step over KV tokens [start, start + TILE_N).
 
@@ -138,11 +152,15 @@ def _attend_tile(
     value, so that a row that has seen no key gives exp2(-inf - m_i) = 0
     rather than NaN without a per-tile select.
 
-    KV_INT8: the cache holds int8 values with one float32 scale per (token,
-    kv head) (vLLM's int8_per_token_head). The int8 tile is cast to q's dtype
-    (exact: |x| <= 128) and the scales are applied to the scores' and P's
-    columns, a TILE_N vector each, rather than to the [TILE_N, HEAD_SIZE]
-    tiles: the same arithmetic as stock unified_attention.
+    K and V tiles are cast to q's dtype (the compute dtype) as they load: a
+    no-op for 16-bit caches, exact for int8 (|x| <= 128) and fp8 e4m3 (its
+    values are bf16 and fp16 values). Per-tensor fp8 scales are folded into
+    qk_scale and the output by the caller.
+
+    KV_PTH: one float32 scale per (token, kv head) (vLLM's int8_per_token_head
+    and fp8_per_token_head), applied to the scores' and P's columns, a TILE_N
+    vector each, rather than to the [TILE_N, HEAD_SIZE] tiles: the same
+    arithmetic as stock unified_attention.
     """
     k_ptrs = k_base + (blk * stride_k_blk + slot * stride_k_slot)[:, None]
     k_ptrs = k_ptrs + offs_d[None, :]
@@ -153,7 +171,8 @@ def _attend_tile(
         k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs)
-    if KV_INT8:
+    k = k.to(q.dtype)
+    if KV_PTH:
         # Masked slots read scale 1 (an unused slot's scale may be anything).
         scale_off = blk * stride_ks_blk + slot * stride_ks_slot
         if MASKED:
@@ -163,7 +182,7 @@ def _attend_tile(
         else:
             k_sc = tl.load(ks_base + scale_off)
             v_sc = tl.load(vs_base + (blk * stride_vs_blk + slot * stride_vs_slot))
-        s = tl.dot(q, tl.trans(k.to(q.dtype))) * k_sc[None, :]
+        s = tl.dot(q, tl.trans(k)) * k_sc[None, :]
     else:
         s = tl.dot(q, tl.trans(k))
     if MASKED:
@@ -182,11 +201,12 @@ def _attend_tile(
         v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
-    if KV_INT8:
+    v = v.to(q.dtype)
+    if KV_PTH:
         # l_i sums the unscaled p: the V scale weights values, not keys.
-        acc = tl.dot((p * v_sc[None, :]).to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
+        acc = tl.dot((p * v_sc[None, :]).to(q.dtype), v, acc * alpha[:, None])
     else:
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
@@ -213,6 +233,7 @@ def _spec_decode_split_kernel(
     value_cache_ptr,
     k_scale_ptr,
     v_scale_ptr,
+    q_scale_ptr,
     block_table_ptr,
     seq_lens_ptr,
     cu_seqlens_q_ptr,
@@ -246,8 +267,15 @@ def _spec_decode_split_kernel(
     TILE_N: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
     BT_LOOKAHEAD: tl.constexpr,
-    KV_INT8: tl.constexpr,
+    KV_SCALES: tl.constexpr,
+    Q_SCALED: tl.constexpr,
 ):
+    """KV_SCALES: 0 for a 16-bit cache; 1 for a per-tensor fp8 cache, whose
+    descales k_scale_ptr / v_scale_ptr are [num_seqs, num_kv_heads] (strides
+    stride_ks_blk, stride_ks_head; TRITON_ATTN's expanded per-tensor scalar);
+    2 for per-token-head scales, [num_blocks, block_size, num_kv_heads] views.
+    Q_SCALED: q is fp8 with the per-tensor descale q_scale_ptr[0] (TRITON_ATTN
+    quantizes queries for fp8 caches on CUDA)."""
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     seg = tl.program_id(2)
@@ -295,6 +323,19 @@ def _spec_decode_split_kernel(
         mask=row_ok[:, None],
         other=0.0,
     )
+    # The products run in the output's 16-bit dtype; an fp8 q converts exactly.
+    q = q.to(out_ptr.dtype.element_ty)
+    if Q_SCALED:
+        qk_scale = qk_scale * tl.load(q_scale_ptr)
+    v_sc_tensor = 1.0
+    if KV_SCALES == 1:
+        # Per-tensor scales: K's folds into the score scale, V's into the
+        # output, so the loop runs as for a 16-bit cache.
+        descale_off = seq.to(tl.int64) * stride_ks_blk + kv_head.to(tl.int64) * stride_ks_head
+        qk_scale = qk_scale * tl.load(k_scale_ptr + descale_off)
+        v_sc_tensor = tl.load(
+            v_scale_ptr + seq.to(tl.int64) * stride_vs_blk + kv_head.to(tl.int64) * stride_vs_head
+        )
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -304,10 +345,11 @@ def _spec_decode_split_kernel(
     v_base = value_cache_ptr + kv_head.to(tl.int64) * stride_v_head
     ks_base = k_scale_ptr
     vs_base = v_scale_ptr
-    if KV_INT8:
-        # TRITON_ATTN's int8 rows are (head_size + 4)-byte runs: a head's K and V rows
-        # start 4-byte aligned, never 16 (the launcher checks), so Triton specialises
-        # neither pointer as aligned; say what holds, for 4-byte rather than 1-byte loads.
+    if KV_SCALES == 2:
+        # TRITON_ATTN's per-token-head rows are (head_size + 4)-byte runs: a head's K and
+        # V rows start 4-byte aligned, never 16 (the launcher checks), so Triton
+        # specialises neither pointer as aligned; say what holds, for 4-byte rather than
+        # 1-byte loads.
         k_base = tl.multiple_of(k_base, 4)
         v_base = tl.multiple_of(v_base, 4)
         ks_base = k_scale_ptr + kv_head.to(tl.int64) * stride_ks_head
@@ -327,7 +369,7 @@ def _spec_decode_split_kernel(
                 q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
                 row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
                 stride_v_blk, stride_v_slot, ks_base, vs_base, stride_ks_blk,
-                stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_INT8,
+                stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_SCALES == 2,
             )
             blk = blk_next
             slot = slot_next
@@ -338,7 +380,7 @@ def _spec_decode_split_kernel(
                 q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
                 row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
                 stride_v_blk, stride_v_slot, ks_base, vs_base, stride_ks_blk,
-                stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_INT8,
+                stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_SCALES == 2,
             )
     for start in range(full_end, kv_hi, TILE_N):
         blk, slot = _block_and_slot(bt_row, start, kv_hi, offs_t, BLOCK_SIZE, TILE_N)
@@ -346,12 +388,12 @@ def _spec_decode_split_kernel(
             q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi, row_limit,
             qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot, stride_v_blk,
             stride_v_slot, ks_base, vs_base, stride_ks_blk, stride_ks_slot, stride_vs_blk,
-            stride_vs_slot, True, KV_INT8,
+            stride_vs_slot, True, KV_SCALES == 2,
         )
 
     if NUM_SEGMENTS == 1:
         # One segment: normalise and write the result directly.
-        res = acc * tl.where(l_i > 0.0, 1.0 / l_i, 0.0)[:, None]
+        res = acc * (tl.where(l_i > 0.0, 1.0 / l_i, 0.0) * v_sc_tensor)[:, None]
         tl.store(
             out_ptr + tok[:, None] * stride_o_tok + head[:, None] * stride_o_head
             + offs_d[None, :],
@@ -363,7 +405,7 @@ def _spec_decode_split_kernel(
         # measured: no faster on an H200, and more rounding).
         tl.store(part_max_ptr + part_row, m_i, mask=row_ok)
         tl.store(part_sum_ptr + part_row, l_i, mask=row_ok)
-        part = acc * tl.where(l_i > 0.0, 1.0 / l_i, 0.0)[:, None]
+        part = acc * (tl.where(l_i > 0.0, 1.0 / l_i, 0.0) * v_sc_tensor)[:, None]
         tl.store(
             part_out_ptr + part_row[:, None] * HEAD_SIZE + offs_d[None, :],
             part,
@@ -493,9 +535,9 @@ class SpecDecodeWorkspace(WorkspaceShape):
 
 
 def int8_rows_aligned(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
-    """Whether every K and V row of an int8 cache starts 4-byte aligned, as the split
-    pass's KV_INT8 variant tells the compiler (TRITON_ATTN's per-token-head layout does:
-    rows of head_size + 4 bytes)."""
+    """Whether every K and V row of a per-token-head cache (int8 or fp8) starts 4-byte
+    aligned, as the split pass's per-token-head variant tells the compiler (TRITON_ATTN's
+    layout does: rows of head_size + 4 bytes)."""
     return all(
         t.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in t.stride()[:-1])
         for t in (key_cache, value_cache)
@@ -516,11 +558,26 @@ def _launch_triton_split(
     plan: LaunchPlan,
     k_scale_cache: torch.Tensor | None,
     v_scale_cache: torch.Tensor | None,
+    q_descale: torch.Tensor | None,
+    k_descale: torch.Tensor | None,
+    v_descale: torch.Tensor | None,
 ) -> None:
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    ks_strides = k_scale_cache.stride() if k_scale_cache is not None else (0, 0, 0)
-    vs_strides = v_scale_cache.stride() if v_scale_cache is not None else (0, 0, 0)
+    kv_scales = _KV_PLAIN
+    k_scales, v_scales = k_scale_cache, v_scale_cache
+    if k_scale_cache is not None and v_scale_cache is not None:
+        kv_scales = _KV_TOKEN_HEAD
+        ks_strides, vs_strides = k_scale_cache.stride(), v_scale_cache.stride()
+    elif k_descale is not None and v_descale is not None:
+        # [num_seqs, num_kv_heads] descales ride in the (block, slot, head) stride
+        # slots as (seq, unused, head).
+        kv_scales = _KV_TENSOR
+        k_scales, v_scales = k_descale, v_descale
+        ks_strides = (k_descale.stride(0), 0, k_descale.stride(1))
+        vs_strides = (v_descale.stride(0), 0, v_descale.stride(1))
+    else:
+        ks_strides = vs_strides = (0, 0, 0)
     _spec_decode_split_kernel[plan.split_grid](
         out,
         workspace.part_out,
@@ -529,8 +586,9 @@ def _launch_triton_split(
         q,
         key_cache,
         value_cache,
-        k_scale_cache,
-        v_scale_cache,
+        k_scales,
+        v_scales,
+        q_descale,
         block_table,
         seq_lens,
         cu_seqlens_q,
@@ -560,7 +618,8 @@ def _launch_triton_split(
         TILE_N=plan.tile_n,
         NUM_SEGMENTS=plan.num_segments,
         BT_LOOKAHEAD=plan.bt_lookahead,
-        KV_INT8=k_scale_cache is not None,
+        KV_SCALES=kv_scales,
+        Q_SCALED=q_descale is not None,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
@@ -580,6 +639,9 @@ def spec_decode_attention(
     plan: LaunchPlan | None = None,
     k_scale_cache: torch.Tensor | None = None,
     v_scale_cache: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ) -> LaunchPlan:
     """Causal paged attention for verify batches.
 
@@ -587,23 +649,41 @@ def spec_decode_attention(
     [num_blocks, block_size, num_kv_heads, head_size or more] (any strides,
     unit stride on head_size); cu_seqlens_q: [num_seqs + 1]; seq_lens:
     [num_seqs] (KV length including the verify block); block_table:
-    [num_seqs, *]. An int8 cache (int8_per_token_head) comes with its float32
-    scales, k_scale_cache and v_scale_cache: [num_blocks, block_size,
-    num_kv_heads], any strides (TRITON_ATTN's views into the cache's padding).
+    [num_seqs, *]. A per-token-head cache (int8_per_token_head,
+    fp8_per_token_head) comes with its float32 scales, k_scale_cache and
+    v_scale_cache: [num_blocks, block_size, num_kv_heads], any strides
+    (TRITON_ATTN's views into the cache's padding). A per-tensor fp8 cache
+    (fp8, fp8_e4m3) comes with k_descale and v_descale: float32 [num_seqs,
+    num_kv_heads], any strides (TRITON_ATTN expands the layer's scalar); an
+    fp8 q (TRITON_ATTN's quantized queries) with its scalar q_descale.
     """
     if out.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"spec-decode attention writes 16-bit outputs, not {out.dtype}")
-    quantized = key_cache.dtype == torch.int8
-    if quantized != (k_scale_cache is not None and v_scale_cache is not None):
+    one_byte = key_cache.element_size() == 1
+    per_token_head = k_scale_cache is not None and v_scale_cache is not None
+    per_tensor = not per_token_head and k_descale is not None and v_descale is not None
+    if one_byte != (per_token_head or per_tensor):
         raise ValueError(
             f"spec-decode attention: a {key_cache.dtype} KV cache "
-            f"{'without' if quantized else 'with'} per-token-head scales; int8 "
-            "caches, and only those, take k_scale_cache and v_scale_cache"
+            f"{'without' if one_byte else 'with'} scales; 8-bit caches, and only "
+            "those, take k_scale_cache/v_scale_cache (per token and head) or "
+            "k_descale/v_descale (per tensor)"
         )
-    if quantized and not int8_rows_aligned(key_cache, value_cache):
+    if per_tensor and key_cache.dtype != torch.float8_e4m3fn:
         raise ValueError(
-            "spec-decode attention: an int8 KV cache whose rows are not 4-byte aligned "
-            f"(strides {tuple(key_cache.stride())}, {tuple(value_cache.stride())})"
+            f"spec-decode attention: per-tensor scales on a {key_cache.dtype} cache; "
+            "only fp8 e4m3 caches take k_descale/v_descale"
+        )
+    if (q.dtype == torch.float8_e4m3fn) != (q_descale is not None):
+        raise ValueError(
+            f"spec-decode attention: a {q.dtype} query "
+            f"{'without' if q_descale is None else 'with'} q_descale; fp8 queries, "
+            "and only those, take it"
+        )
+    if per_token_head and not int8_rows_aligned(key_cache, value_cache):
+        raise ValueError(
+            "spec-decode attention: a per-token-head KV cache whose rows are not 4-byte "
+            f"aligned (strides {tuple(key_cache.stride())}, {tuple(value_cache.stride())})"
         )
     num_seqs = seq_lens.shape[0]
     num_heads, head_size = q.shape[1], q.shape[2]
@@ -612,10 +692,10 @@ def spec_decode_attention(
         plan = plan_launch(
             num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace
         )
-    if plan.kernel == "hopper" and quantized:
-        # The Hopper split pass reads 16-bit caches only: no int8 variant of it
-        # has been built or measured yet, so quantized caches take the Triton
-        # split pass on sm_90 too (issue 21).
+    if plan.kernel == "hopper" and (one_byte or q_descale is not None):
+        # The Hopper split pass reads 16-bit caches only: no int8 or fp8 variant
+        # of it has been built or measured yet, so quantized caches take the
+        # Triton split pass on sm_90 too (issue 21).
         plan = plan_launch(
             num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
             kernel="triton",
@@ -668,6 +748,7 @@ def spec_decode_attention(
         _launch_triton_split(
             q, key_cache, value_cache, out, cu_seqlens_q, seq_lens, block_table,
             max_query_len, softmax_scale, workspace, plan, k_scale_cache, v_scale_cache,
+            q_descale, k_descale if per_tensor else None, v_descale if per_tensor else None,
         )
     if plan.reduce_grid is not None:
         _spec_decode_reduce_kernel[plan.reduce_grid](
@@ -764,8 +845,10 @@ class SpecDecodeAttention:
         self.scale = scale
         self.qmax = qmax
         self.max_num_seqs = max_num_seqs
-        # int8 per-token-head: forward takes the caches' scales too.
-        self.kv_int8 = kv_cache_dtype == "int8_per_token_head"
+        # Per-token-head caches: forward takes the caches' scale views too;
+        # per-tensor fp8 ones the layer's descales (and an fp8 query's).
+        self.kv_pth = kv_cache_dtype in ("int8_per_token_head", "fp8_per_token_head")
+        self.kv_fp8_tensor = kv_cache_dtype in FP8_TENSOR_KV_DTYPES
         self.workspace = get_workspace(max_num_seqs * qmax, num_heads, head_size, device)
         self.last_plan: LaunchPlan | None = None
 
@@ -867,21 +950,39 @@ class SpecDecodeAttention:
         causal: object,
         k_scale_cache: torch.Tensor | None = None,
         v_scale_cache: torch.Tensor | None = None,
+        q_descale: torch.Tensor | None = None,
+        k_descale: torch.Tensor | None = None,
+        v_descale: torch.Tensor | None = None,
     ) -> bool:
         """Run the split-KV path if this batch qualifies; False means the
-        caller runs its stock kernel. Only CPU-side facts decide. An int8
-        per-token-head layer passes its scale caches (TRITON_ATTN's views)."""
+        caller runs its stock kernel. Only CPU-side facts decide. A
+        per-token-head layer passes its scale caches (TRITON_ATTN's views); a
+        per-tensor fp8 one its descales (TRITON_ATTN passes them for every
+        cache: only an fp8 layer reads them)."""
         if not 1 < max_query_len <= self.qmax or causal is not True:
             return False
-        if query.dtype not in (torch.bfloat16, torch.float16):
+        if output.dtype not in (torch.bfloat16, torch.float16):
             return False
-        if self.kv_int8:
-            if (key_cache.dtype != torch.int8 or k_scale_cache is None
-                    or v_scale_cache is None
+        fp8_query = (self.kv_fp8_tensor and query.dtype == torch.float8_e4m3fn
+                     and q_descale is not None)
+        if query.dtype != output.dtype and not fp8_query:
+            return False
+        if not fp8_query:
+            q_descale = None
+        if self.kv_pth:
+            if (key_cache.dtype not in (torch.int8, torch.float8_e4m3fn)
+                    or k_scale_cache is None or v_scale_cache is None
                     or not int8_rows_aligned(key_cache, value_cache)):
+                return False
+            k_descale = v_descale = None
+        elif self.kv_fp8_tensor:
+            if (key_cache.dtype != torch.float8_e4m3fn or k_descale is None
+                    or v_descale is None or k_scale_cache is not None):
                 return False
         elif query.dtype != key_cache.dtype or k_scale_cache is not None:
             return False
+        else:
+            k_descale = v_descale = None
         if key_cache.stride(-1) != 1:
             return False
         num_seqs = seq_lens.shape[0]
@@ -902,8 +1003,8 @@ class SpecDecodeAttention:
                 self.num_kv_heads,
                 self.head_size,
                 ws,
-                # No Hopper split pass reads int8 caches (spec_decode_attention).
-                kernel="triton" if self.kv_int8 else None,
+                # No Hopper split pass reads 8-bit caches (spec_decode_attention).
+                kernel="triton" if self.kv_pth or self.kv_fp8_tensor else None,
             )
             try:
                 spec_decode_attention(
@@ -920,6 +1021,9 @@ class SpecDecodeAttention:
                     plan,
                     k_scale_cache,
                     v_scale_cache,
+                    q_descale,
+                    k_descale,
+                    v_descale,
                 )
             except Exception as exc:
                 if plan.kernel == "hopper" and type(exc).__name__ == "CompilationError":
