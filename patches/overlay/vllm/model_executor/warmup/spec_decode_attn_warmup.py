@@ -119,7 +119,8 @@ def _layout_key(impl: Any, kv_cache: torch.Tensor, width: int) -> tuple[Any, ...
         sda.num_heads,
         sda.num_kv_heads,
         sda.head_size,
-        sda.kv_int8,
+        sda.kv_pth,
+        sda.kv_fp8_tensor,
         kv_cache.dtype,
         tuple(kv_cache.shape[1:]),
         kv_cache.stride(),
@@ -137,8 +138,18 @@ def _warm_layer(
     sda = impl.spec_decode_attn
     device = kv_cache.device
     rows = max(seqs * q for seqs, q in shapes)
-    query = torch.zeros((rows, sda.num_heads, sda.head_size), dtype=dtype, device=device)
-    output = torch.empty_like(query)
+    q_dtype = dtype
+    if getattr(layer, "query_quant", None) is not None and getattr(
+        impl, "supports_quant_query_input", False
+    ):
+        # Attention.forward hands this backend fp8 queries (per-tensor fp8 caches), and
+        # the split pass specialises on the query's dtype; the output stays 16-bit.
+        from vllm.platforms import current_platform
+
+        q_dtype = current_platform.fp8_dtype()
+    shape = (rows, sda.num_heads, sda.head_size)
+    query = torch.zeros(shape, dtype=q_dtype, device=device)
+    output = torch.empty(shape, dtype=dtype, device=device)
     # Block 0 is the null block: every dummy sequence reads it and nothing else.
     block_table = torch.zeros(
         (sda.max_num_seqs, width), dtype=torch.int32, device=device
