@@ -112,7 +112,14 @@ def test_structured_output_under_the_speculator(record: dict[str, Any]) -> None:
     runs = served["structured_output"]["choice_runs"]
     assert runs and all(r["status"] == 200 and r["content"] in ("yes", "no") for r in runs)
     schema = served["structured_output"]["json_schema_run"]
-    assert schema["status"] == 200 and json.loads(schema["content"])["answer"] in ("yes", "no")
+    assert schema["status"] == 200
+    # The demo model's weights are random: under the grammar it may spend every token on the
+    # whitespace JSON allows (vLLM 0.28.0 ignores a request's disable_any_whitespace). What
+    # it wrote must still be the start of a document the schema accepts.
+    compact = re.sub(r"\s+", "", schema["content"])
+    assert compact, schema
+    assert any(doc.startswith(compact) for doc in ('{"answer":"yes"}', '{"answer":"no"}')), \
+        schema["content"]
 
 
 def test_mtp_verify_attention_is_captured_in_cuda_graphs(record: dict[str, Any]) -> None:
