@@ -318,3 +318,28 @@ def test_the_planners_memory_model_charges_the_layouts_figure(kvarn: ModuleType)
 
     per_layer = kvarn.bytes_per_token_per_layer(4, 256)
     assert profiles.KV_BYTES_PER_TOKEN[kvarn.CACHE_DTYPE] == 16 * per_layer
+
+
+def test_the_gpu_benchmark_runs_on_the_interpreter(tmp_path: Path) -> None:
+    """benchmarks/kvarn_attn.py (the H200 table in docs/kvarn.md) with --smoke: its plumbing
+    on a 256-token context, in its own process under the interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kvarn_attn.py"
+    out = tmp_path / "kvarn.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--contexts", "256", "--queries", "1,8",
+         "--json", str(out)],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+        timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["q"] for r in rows] == [1, 8]
+    for r in rows:
+        assert r["cache_bytes_per_token_per_layer"] == 840
+        assert r["finite"] and r["needle_cosine"] > 0.95
+        assert r["rel_err_vs_unquantized"] < 0.5
