@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -169,13 +170,26 @@ def test_gate_cli_passes_once_the_holder_is_gone(tmp_path: Path) -> None:
          "--interval", "0.1", "--samples", "3"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    # The gate's stderr is read as it comes: the card is released only once the gate has
+    # said it is busy (a fixed sleep raced a slow start on a loaded machine: the release came
+    # before the first poll and the gate never saw the holder).
+    lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
     try:
-        time.sleep(2.0)
+        deadline = time.monotonic() + 60
+        while not any("busy:" in line for line in lines) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the gate passed while the card was held"
+            time.sleep(0.05)
         assert proc.poll() is None, "the gate passed while the card was held"
         _set_state(state, 310, "")
         released = time.monotonic()
-        out, err = proc.communicate(timeout=30)
+        out = proc.stdout.read() if proc.stdout else ""
+        proc.wait(timeout=30)
         waited = time.monotonic() - released
+        reader.join(timeout=10)
+        err = "".join(lines)
     finally:
         if proc.poll() is None:
             proc.kill()
