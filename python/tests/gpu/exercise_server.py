@@ -184,10 +184,18 @@ def pool_numbers(lines: list[str]) -> dict[str, Any]:
     return out
 
 
+def jit_facts(lines: list[str]) -> dict[str, Any]:
+    """The JIT compiles vLLM's monitor logged after warm-up, as the exporter counts them."""
+    from qwen3090.bootlog import parse_boot_log
+
+    facts = parse_boot_log("\n".join(lines))
+    return {"monitor_active": facts.jit_monitor_active, "kernels": dict(facts.jit_kernels)}
+
+
 def describe_log(lines: list[str]) -> dict[str, Any]:
     """What the record keeps of one server life's log."""
     return {"log": scan_log(lines), "log_tail": [line[:600] for line in lines[-60:]],
-            "wall": find_wall(lines), "pool": pool_numbers(lines)}
+            "wall": find_wall(lines), "pool": pool_numbers(lines), "jit": jit_facts(lines)}
 
 
 def exercise(rec: Attempt, base: str, key: str, spec: str) -> None:
