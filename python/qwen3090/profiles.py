@@ -131,6 +131,12 @@ V2_CUDAGRAPH_MEM_MIB_LONG = 1900
 # last slope) plus the margin the shipped 1900 keeps over the k = 15 figure.
 V2_GRAPH_MEM_MEASURED_MIB: tuple[tuple[int, int], ...] = ((15, 1864), (18, 2171), (20, 2324))
 V2_GRAPH_MEM_ROUND_MIB = 50
+# gotcha 23: the uniform-decode graphs dflash2-lookup.patch captures for the adaptive block's
+# short steps (8 query tokens) beside the long block's: 1.8 instead of 1.45 GiB at k = 15. The
+# k > 7 figures above already hold them: the original ran k > 7 with the adaptive block and
+# both lengths captured, and its 1.82 GiB at k = 15 is gotcha 23's 1.8. So they are the
+# default whatever the plan, and only a plan without the adaptive block may reserve this less.
+V2_GRAPH_MEM_SHORT_BLOCK_MIB = 350
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,22 @@ def dflash2(
     b.speculative = {"method": "dflash", "model": b.drafter, "num_speculative_tokens": k}
     # gotcha 17: the verify scratch is sized once, at startup, for k+1 query rows.
     gate.admit_env("VLLM_SPEC_DECODE_ATTN_QMAX", str(k + 1), knob=None, explicit=False)
-    _lookup(s, b, gate, k, ctx)
+    adaptive = _lookup(s, b, gate, k, ctx)
     b.max_seqs = s.max_seqs or row.max_seqs
     b.max_len = s.dflash_max_len or s.max_len or row.max_len
     b.kv_mem = row.kv_mem if s.kv_mem is None else (s.kv_mem or None)
     graph_mem = graph_mem_mib(k, row)
     if s.graph_mem_mib is not None:
         graph_mem = s.graph_mem_mib
-        if s.graph_mem_mib < graph_mem_mib(k, row):
+        need = graphs_need_mib(k, row, adaptive)
+        if s.graph_mem_mib < need:
+            short_steps = (" (the adaptive block's short-step graphs included, gotcha 23)"
+                           if adaptive else "")
             b.warnings.append(
                 f"GRAPH_MEM_MIB={s.graph_mem_mib} (from {s.source('GRAPH_MEM_MIB')}) is below "
-                f"the {graph_mem_mib(k, row)} MiB default for DFLASH_TOKENS={k}: the server "
-                "starts, reports a healthy pool and dies on the first prefill (gotcha 25)"
+                f"the {need} MiB the graphs of DFLASH_TOKENS={k} need{short_steps}: the "
+                "server starts, reports a healthy pool and dies on the first prefill "
+                "(gotcha 25)"
             )
     gate.admit_env("VLLM_V2_CUDAGRAPH_MEM_MIB", str(graph_mem), knob="GRAPH_MEM_MIB",
                    explicit=s.given("GRAPH_MEM_MIB"))
@@ -72,8 +76,19 @@ def graph_mem_mib(k: int, row: P.DflashRow) -> int:
     return int(-(-(measured + margin) // step) * step)
 
 
-def _lookup(s: Settings, b: PlanBuilder, gate: CapabilityGate, k: int, ctx: Ctx) -> None:
-    """Lookup drafting, its adaptive verify length, and async scheduling (gotchas 18, 19)."""
+def graphs_need_mib(k: int, row: P.DflashRow, adaptive: bool) -> int:
+    """The graph memory the plan must reserve: the default, which holds the adaptive block's
+    short-step graphs past k = 7 (gotcha 23), less those when the plan leaves the block off."""
+    default = graph_mem_mib(k, row)
+    if k > P.DFLASH_LONG_BLOCK and not adaptive:
+        return default - P.V2_GRAPH_MEM_SHORT_BLOCK_MIB
+    return default
+
+
+def _lookup(s: Settings, b: PlanBuilder, gate: CapabilityGate, k: int, ctx: Ctx) -> bool:
+    """Lookup drafting, its adaptive verify length, and async scheduling (gotchas 18, 19);
+    True when the plan runs the adaptive block (the patch then captures the short steps'
+    graphs too, gotcha 23)."""
     lookup = False
     if s.lookup is not False:  # default on
         lookup = gate.admit_env("VLLM_DFLASH2_LOOKUP", "1", knob="LOOKUP",
@@ -108,3 +123,7 @@ def _lookup(s: Settings, b: PlanBuilder, gate: CapabilityGate, k: int, ctx: Ctx)
             f"DFLASH_TOKENS={k} > 7 the adaptive verify length corrupts turn 2 on a "
             "shared prefix; set LOOKUP=1 explicitly to keep the adaptive length anyway"
         )
+    # The patch's own rule: lookup on, k > 7, synchronous scheduling, ADAPTIVE not 0 (its
+    # default is 1, so an unset variable is on).
+    return (adaptive_block and not b.async_scheduling
+            and b.env.get("VLLM_DFLASH2_LOOKUP_ADAPTIVE", "1") != "0")
