@@ -346,15 +346,15 @@ def test_a_test_that_does_not_exist_is_reported() -> None:
 
 def test_a_bogus_patch_command_or_unhandled_without_issue_is_reported() -> None:
     markdown, tests, series, commands = _real_inputs()
-    # Gotcha 23 is still "not handled yet", owned by issue 22.
-    entry = next(e for e in entries(markdown) if e.number == 23)
+    # Gotcha 46 is still "not handled yet", owned by issue 24.
+    entry = next(e for e in entries(markdown) if e.number == 46)
     assert entry_problems(entry, tests, series, commands) == []
-    text = (entry.text.replace("issue 22: `patches", "the patch `patches")
+    text = (entry.text.replace("issue 24 (KVarN", "KVarN (")
             + "- Handled: **patch** `patches/no-such.patch`, see `qwen3090 no-such-tool`.\n")
-    problems = entry_problems(Entry(23, text), tests, series, commands)
-    assert "gotcha 23: 'not handled yet' names no issue" in problems
-    assert "gotcha 23: patches/no-such.patch is not in patches/series" in problems
-    assert "gotcha 23: `qwen3090 no-such-tool` is not a subcommand" in problems
+    problems = entry_problems(Entry(46, text), tests, series, commands)
+    assert "gotcha 46: 'not handled yet' names no issue" in problems
+    assert "gotcha 46: patches/no-such.patch is not in patches/series" in problems
+    assert "gotcha 46: `qwen3090 no-such-tool` is not a subcommand" in problems
 
 
 def test_a_bogus_document_citation_is_reported(tmp_path: Path) -> None:
