@@ -406,11 +406,14 @@ def exercise_copy(rec: Attempt, base: str, key: str, spec: str) -> None:
 
 def plan_of(env: dict[str, str]) -> dict[str, Any]:
     """What ``qwen3090 plan`` resolves the life's knobs to (the environment the server gets)."""
-    proc = subprocess.run([sys.executable, "-m", "qwen3090", "plan", "--json"], env=env,
-                          capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
+    try:
+        proc = subprocess.run([sys.executable, "-m", "qwen3090", "plan", "--json"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        plan = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:  # recorded, not fatal
+        return {"error": repr(exc)[-3000:]}
+    if plan is None:
         return {"error": (proc.stdout + proc.stderr)[-3000:]}
-    plan = json.loads(proc.stdout)
     argv = [str(a) for a in plan.get("argv", [])]
     specs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--speculative-config"]
     return {"env": plan.get("env"), "warnings": plan.get("warnings"),
@@ -431,7 +434,7 @@ DFLASH2_LIVES = (
 DFLASH_TOKENS = 15
 # A later life starts only with this much of the budget left: a boot on warm compile caches,
 # the copy task and the SIGINT.
-LATER_LIFE_MIN_S = 100
+LATER_LIFE_MIN_S = 90
 
 
 def run_dflash2(args: argparse.Namespace, extra: str, deadline: float, rec: Record) -> None:
@@ -459,7 +462,7 @@ def run_dflash2(args: argparse.Namespace, extra: str, deadline: float, rec: Reco
             rec.save()
             continue
         serve_once(args, "dflash2", extra, deadline, rec.attempt(label),
-                   knobs={**base_knobs, **knobs}, work=exercise_copy, stop_margin_s=40)
+                   knobs={**base_knobs, **knobs}, work=exercise_copy, stop_margin_s=35)
 
 
 def _delta(before: Any, after: Any, name: str) -> float | None:
