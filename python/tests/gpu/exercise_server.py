@@ -3,11 +3,18 @@
 
     python3 exercise_server.py --model DIR --out RESULT.json --log SERVER.log \
         --spec mtp --budget-s 420 [--boot-timeout-s 300]
+    python3 exercise_server.py --model DIR --out RESULT.json --log SERVER.log \
+        --spec dflash2 --draft DRAFTER_DIR --budget-s 420
 
 Run by serve_on_device.sh on the lent machine (see there for the environment). The server is
 started the way a user starts it: the knobs as environment variables, ``qwen3090 serve``. Each
 step adds its findings to the record, which is rewritten after every step, so a run cut short
-still says how far it got. Nothing here asserts: test_serve_on_device.py reads the record.
+still says how far it got. Nothing here asserts: test_serve_on_device.py (SPEC=mtp) and
+test_serve_dflash2.py (SPEC=dflash2) read the record.
+
+SPEC=dflash2 runs up to three server lives with the DFlash2 drafter (dflash2_drafter.py), one
+per lookup setting (DFLASH2_LIVES), each running the same greedy copy task (copy_task.py), as
+long as the budget leaves room for another life; the lives it had no time for are recorded.
 """
 
 from __future__ import annotations
@@ -17,13 +24,21 @@ import json
 import os
 import re
 import secrets
+import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+try:
+    from tests.gpu import copy_task
+except ImportError:  # the bundle: copy_task.py beside this script, whose dir is on the path
+    import copy_task  # type: ignore[import-not-found,no-redef]
 
 SERVED = "qwen3.8-27b"
 PORT = 18031
@@ -42,6 +57,8 @@ LOG_PATTERNS = {
     "spec": r"[Ss]peculative|MTP|mtp|acceptance|Drafter|drafter",
     "spec_decode_attention": r"spec-decode attention",
     "probe": r"gpue2e-probe: ",
+    "dflash2": r"DFlash2|dflash2|DFLASH2",
+    "lookup": r"lookup drafting|VLLM_DFLASH2_LOOKUP",
     "jit_after_warmup": r"Triton kernel JIT compilation during inference",
     "errors": r"Traceback|Error|error:|RuntimeError|ImportError|ModuleNotFound",
 }
@@ -129,6 +146,7 @@ def scan_log(lines: list[str]) -> dict[str, list[str]]:
 # An exception line of a traceback; the generic "it failed" lines vLLM adds after the root
 # cause are not the wall.
 _EXC = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+_PYDANTIC = re.compile(r"Value error, (.+?) \[type=value_error")
 _GENERIC = (
     "Engine core initialization failed", "validation error for", "Error raised in subprocess"
 )
@@ -147,6 +165,10 @@ def find_wall(lines: list[str]) -> dict[str, str] | None:
         m = _EXC.search(line)
         if m and not any(g in line for g in _GENERIC):
             return {"exception": m.group(1), "message": m.group(2)[:500], "frame": frame}
+        # A config validator's refusal: pydantic words it "Value error, MESSAGE [type=...".
+        m = _PYDANTIC.search(line)
+        if m:
+            return {"exception": "ValueError", "message": m.group(1)[:500], "frame": frame}
     return None
 
 
@@ -282,15 +304,182 @@ def exercise(rec: Attempt, base: str, key: str, spec: str) -> None:
     })
 
 
+SPEC_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+}
+
+
+def spec_delta(before: Any, after: Any) -> dict[str, Any]:
+    """What the speculator did between two /metrics reads, and tokens per step from it."""
+    out: dict[str, Any] = {k: _delta(before, after, name) for k, name in SPEC_COUNTERS.items()}
+    out["tokens_per_step"] = copy_task.tokens_per_step(out["accepted"], out["drafts"])
+    per_pos: dict[str, float] = {}
+    for text, sign in ((str(after), 1.0), (str(before), -1.0)):
+        for m in re.finditer(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*'
+                             r'position="(\d+)"[^}]*\} ([\d.e+-]+)$', text, re.M):
+            per_pos[m.group(1)] = per_pos.get(m.group(1), 0.0) + sign * float(m.group(2))
+    out["accepted_per_position"] = {k: per_pos[k] for k in sorted(per_pos, key=int)}
+    return out
+
+
+def completion(base: str, key: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One greedy completion with its token ids (the same request in every life)."""
+    t0 = time.monotonic()
+    s, out = request(base, "/v1/completions", {
+        "model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True, "return_token_ids": True,
+    }, key, timeout=150)
+    seconds = round(time.monotonic() - t0, 2)
+    if s != 200:
+        return {"status": s, "error": str(out)[-1500:], "seconds": seconds}
+    choice = out["choices"][0]
+    return {
+        "status": s, "error": None, "seconds": seconds,
+        "finish_reason": choice.get("finish_reason"),
+        "prompt_token_ids": choice.get("prompt_token_ids"),
+        "output_token_ids": choice.get("token_ids"),
+        "completion_tokens": out["usage"]["completion_tokens"],
+        "text_head": (choice.get("text") or "")[:300],
+    }
+
+
+def margins(base: str, key: str, prompt_ids: list[int], output_ids: list[int]) -> dict[str, Any]:
+    """The target's own top-1 minus top-2 logprob at each output position, from one prefill of
+    prompt + output: where two lives' greedy outputs part, this says whether the target was
+    at a near-tie there (a verify block of another shape may round it the other way)."""
+    s, out = request(base, "/v1/completions", {
+        "model": SERVED, "prompt": list(prompt_ids) + list(output_ids), "max_tokens": 1,
+        "temperature": 0, "prompt_logprobs": 2,
+    }, key, timeout=120)
+    if s != 200:
+        return {"status": s, "error": str(out)[-1500:]}
+    rows = out["choices"][0].get("prompt_logprobs") or []
+    gaps: list[float | None] = []
+    agree = 0
+    for pos, token in enumerate(output_ids, start=len(prompt_ids)):
+        row = rows[pos] if pos < len(rows) else None
+        if not row:
+            gaps.append(None)
+            continue
+        entries = sorted(row.items(), key=lambda kv: -float(kv[1]["logprob"]))
+        top = [float(v["logprob"]) for _, v in entries]
+        gaps.append(round(top[0] - top[1], 5) if len(top) > 1 else None)
+        agree += int(entries[0][0]) == token
+    return {"status": s, "error": None, "output_margins": gaps,
+            "prefill_argmax_agrees": agree / len(output_ids) if output_ids else None}
+
+
+def exercise_copy(rec: Attempt, base: str, key: str, spec: str) -> None:
+    """The SPEC=dflash2 life's client side: the copy task alone, then beside a request with
+    nothing to copy (the lookup's decision is batch-wide); counters read around each."""
+    status, models = request(base, "/v1/models", None, key)
+    rec.set("models", {"status": status,
+                       "ids": [m["id"] for m in models["data"]] if status == 200 else models})
+    _, before = request(base, "/metrics", None, key)
+    copy = completion(base, key, copy_task.copy_prompt(), copy_task.COPY_MAX_TOKENS)
+    _, after = request(base, "/metrics", None, key)
+    rec.set("copy", {**copy, "spec": spec_delta(before, after)})
+
+    results: dict[str, dict[str, Any]] = {}
+    jobs = {"copy": (copy_task.copy_prompt(), copy_task.COPY_MAX_TOKENS),
+            "other": (copy_task.other_prompt(), copy_task.OTHER_MAX_TOKENS)}
+
+    def run(name: str) -> None:
+        try:
+            results[name] = completion(base, key, *jobs[name])
+        except Exception as exc:  # recorded, never raised from a thread
+            results[name] = {"status": None, "error": repr(exc)[-1500:]}
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _, final = request(base, "/metrics", None, key)
+    rec.set("mixed_batch", {**results, "spec": spec_delta(after, final)})
+    if copy.get("output_token_ids"):
+        rec.set("copy_margins", margins(base, key, copy["prompt_token_ids"],
+                                        copy["output_token_ids"]))
+
+
+def plan_of(env: dict[str, str]) -> dict[str, Any]:
+    """What ``qwen3090 plan`` resolves the life's knobs to (the environment the server gets)."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "qwen3090", "plan", "--json"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        plan = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:  # recorded, not fatal
+        return {"error": repr(exc)[-3000:]}
+    if plan is None:
+        return {"error": (proc.stdout + proc.stderr)[-3000:]}
+    argv = [str(a) for a in plan.get("argv", [])]
+    specs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--speculative-config"]
+    return {"env": plan.get("env"), "warnings": plan.get("warnings"),
+            "async_scheduling": "--no-async-scheduling" not in argv,
+            "speculative_config": specs[-1] if specs else None}
+
+
+# The three lives: lookup off (the baseline), lookup with the adaptive block (the most code
+# never run before: the scheduler acting on the count), lookup with the fixed block; in this
+# order, so that a budget with room for two lives still covers the adaptive path.
+# ASYNC_SCHED=0 in all three: the adaptive block needs it (gotchas 18, 19), and the same
+# scheduling in every life leaves the lookup the only difference between their outputs.
+DFLASH2_LIVES = (
+    ("lookup=0", {"LOOKUP": "0"}),
+    ("lookup=1 adaptive=1", {"LOOKUP": "1", "LOOKUP_ADAPTIVE": "1"}),
+    ("lookup=1 adaptive=0", {"LOOKUP": "1", "LOOKUP_ADAPTIVE": "0"}),
+)
+DFLASH_TOKENS = 15
+# A later life starts only with this much of the budget left: a boot on warm compile caches,
+# the copy task and the SIGINT.
+LATER_LIFE_MIN_S = 90
+
+
+def run_dflash2(args: argparse.Namespace, extra: str, deadline: float, rec: Record) -> None:
+    """Up to three lives; each one the budget has no room for is recorded as skipped."""
+    if args.draft is None:
+        raise SystemExit("--spec dflash2 needs --draft DIR (dflash2_drafter.py writes it)")
+    # The drafter's attention backend is named, as for MTP: left out, it autoselects
+    # FLASH_ATTN, whose FlashAttention-3 kernels do not travel (serve_on_device.sh).
+    spec_cfg = json.dumps({"method": "dflash", "model": str(args.draft),
+                           "num_speculative_tokens": DFLASH_TOKENS,
+                           "attention_backend": "TRITON_ATTN"})
+    extra += f" --speculative-config '{spec_cfg}'"
+    base_knobs = {"DRAFT": str(args.draft), "DFLASH_TOKENS": str(DFLASH_TOKENS),
+                  "ASYNC_SCHED": "0"}
+    rec.set("dflash2", {"lives": [label for label, _ in DFLASH2_LIVES], "skipped": [],
+                        "dflash_tokens": DFLASH_TOKENS,
+                        "drafter_config": json.loads((args.draft / "config.json").read_text()),
+                        "copy_max_tokens": copy_task.COPY_MAX_TOKENS})
+    for n, (label, knobs) in enumerate(DFLASH2_LIVES):
+        left = deadline - time.monotonic()
+        if n and left < LATER_LIFE_MIN_S:
+            rec.data["dflash2"]["skipped"].append(
+                {"label": label, "reason": f"{left:.0f} s of the budget left, a life needs "
+                 f"{LATER_LIFE_MIN_S}"})
+            rec.save()
+            continue
+        serve_once(args, "dflash2", extra, deadline, rec.attempt(label),
+                   knobs={**base_knobs, **knobs}, work=exercise_copy, stop_margin_s=35)
+
+
 def _delta(before: Any, after: Any, name: str) -> float | None:
     a, b = metric(str(after), name), metric(str(before), name)
     return None if a is None or b is None else a - b
 
 
+Work = Callable[[Attempt, str, str, str], None]
+
+
 def serve_once(
-    args: argparse.Namespace, spec: str, extra: str, deadline: float, rec: Attempt
+    args: argparse.Namespace, spec: str, extra: str, deadline: float, rec: Attempt,
+    knobs: dict[str, str] | None = None, work: Work | None = None, stop_margin_s: float = 60,
 ) -> bool:
-    """One server life: start, exercise, SIGINT. Returns True when it became healthy."""
+    """One server life: start, exercise (``work``, default the MTP tier's steps), SIGINT.
+    ``knobs`` adds knob variables; the server gets ``deadline`` less ``stop_margin_s`` to boot.
+    Returns True when it became healthy."""
     from qwen3090.localserver import start_server
 
     key = "gpue2e-" + secrets.token_hex(6)
@@ -299,16 +488,19 @@ def serve_once(
         "MODEL": str(args.model), "PREFIX_CACHE": "1", "SPEC": spec, "PORT": str(PORT),
         "VLLM_API_KEY": key,
         "EXTRA_ARGS": extra,
+        **(knobs or {}),
     })
     log_path = Path(args.log).with_suffix(f".{len(rec.record.data['attempts'])}.log")
     argv = [sys.executable, "-m", "qwen3090", "serve", "--no-gate"]
-    rec.set("serve", {"spec": spec, "argv": argv,
-                      "knobs": {k: env[k] for k in ("PREFIX_CACHE", "SPEC", "EXTRA_ARGS")}})
+    shown = ("PREFIX_CACHE", "SPEC", "EXTRA_ARGS", *(knobs or {}))
+    rec.set("serve", {"spec": spec, "argv": argv, "knobs": {k: env[k] for k in shown}})
+    if knobs:
+        rec.set("plan", plan_of(env))
     log_path.unlink(missing_ok=True)  # a warm machine keeps the last call's files
     server = start_server(argv, env, PORT, log_path)
     healthy = False
     try:
-        boot_limit = min(args.boot_timeout_s, deadline - time.monotonic() - 60)
+        boot_limit = min(args.boot_timeout_s, deadline - time.monotonic() - stop_margin_s)
         try:
             boot = server.wait_healthy(boot_limit, poll_s=2.0)
             healthy = True
@@ -319,7 +511,7 @@ def serve_once(
             log(f"not healthy: {str(exc)[-400:]}")
         if healthy:
             try:
-                exercise(rec, server.base_url, key, spec)
+                (work or exercise)(rec, server.base_url, key, spec)
             except Exception:
                 rec.set("exercise_error", traceback.format_exc()[-4000:])
                 log("exercise failed:\n" + traceback.format_exc())
@@ -338,6 +530,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--log", type=Path, required=True)
     p.add_argument("--spec", default="mtp")
+    p.add_argument("--draft", type=Path, help="the DFlash2 drafter (--spec dflash2)")
     p.add_argument("--budget-s", type=float, default=420)
     p.add_argument("--boot-timeout-s", type=float, default=300)
     p.add_argument("--base", type=Path, help="a JSON object to start the record from")
@@ -356,6 +549,10 @@ def main() -> int:
     # TRITON_ATTN: FlashAttention-3's kernels do not travel (see serve_on_device.sh); the
     # Triton GDN prefill kernel instead of FlashInfer's, which is not on the machine.
     extra = "--attention-backend TRITON_ATTN --gdn-prefill-backend triton"
+    if args.spec == "dflash2":
+        run_dflash2(args, extra, deadline, rec)
+        rec.set("finished_unix", int(time.time()))
+        return 0
     if args.spec == "mtp":
         # --attention-backend governs the target only: the MTP drafter chose FLASH_ATTN by
         # itself on the H200 and called FlashAttention-3 (the first recorded run's wall).

@@ -8,10 +8,13 @@
 #     mkdir -p /tmp/gpue2e-run/tree && tar -xJf .device/gpue2e-so/so-core.tar.xz -C /tmp/gpue2e-run/tree
 #   call 2, carry [".device/gpue2e"], timeout ~470 s:
 #     BUDGET_S=390 bash .device/gpue2e/serve_on_device.sh
+#   or, for the DFlash2 lives (lookup off, lookup + adaptive block, lookup), call 2 is:
+#     SPEC=dflash2 BUDGET_S=420 bash .device/gpue2e/serve_on_device.sh
 # It unpacks the rest, records the machine and the imports, adds the MTP head to the demo
-# model, serves it through `qwen3090 serve` with CUDA graphs (exercise_server.py) and writes
-# $OUT/result.json plus each server life's log. DRY=1 runs it here without a GPU: unpack,
-# import checks, the serve plan; no server.
+# model (SPEC=mtp) or a looping LM head and a random DFlash2 drafter (SPEC=dflash2), serves it
+# through `qwen3090 serve` with CUDA graphs (exercise_server.py) and writes $OUT/result.json
+# plus each server life's log. DRY=1 runs it here without a GPU: unpack, import checks, the
+# serve plan (each life's, for SPEC=dflash2); no server.
 set -u -o pipefail
 ROOT=$(pwd)
 BUNDLE=${BUNDLE:-$ROOT/.device/gpue2e}
@@ -101,17 +104,34 @@ else
   "$PY" -m qwen3090 demo-model "$MODEL" --arch qwen3_5 || exit 3
 fi
 [ "$SPEC" = mtp ] && { "$PY" "$BUNDLE/mtp_head.py" "$MODEL" || exit 3; }
+DRAFT_ARGS=()
+if [ "$SPEC" = dflash2 ]; then
+  DRAFTER=$WORK/dflash2-drafter
+  # A sharp, looping greedy text (cycle_head.py says why), then the drafter sharing its head.
+  "$PY" "$BUNDLE/cycle_head.py" "$MODEL" || exit 3
+  rm -rf "$DRAFTER" && "$PY" "$BUNDLE/dflash2_drafter.py" "$MODEL" "$DRAFTER" || exit 3
+  DRAFT_ARGS=(--draft "$DRAFTER")
+fi
 
 if [ "${DRY:-0}" = 1 ]; then
-  MODEL="$MODEL" SPEC="$SPEC" PREFIX_CACHE=1 \
-    EXTRA_ARGS="--attention-backend TRITON_ATTN --gdn-prefill-backend triton" \
-    "$PY" -m qwen3090 plan
+  EXTRA="--attention-backend TRITON_ATTN --gdn-prefill-backend triton"
+  if [ "$SPEC" = dflash2 ]; then
+    # The knobs each life of exercise_server.py (DFLASH2_LIVES) sets.
+    for lookup in "LOOKUP=0" "LOOKUP=1 LOOKUP_ADAPTIVE=1" "LOOKUP=1 LOOKUP_ADAPTIVE=0"; do
+      note "plan for $lookup"
+      env $lookup MODEL="$MODEL" SPEC=dflash2 DRAFT="$DRAFTER" DFLASH_TOKENS=15 \
+        ASYNC_SCHED=0 PREFIX_CACHE=1 EXTRA_ARGS="$EXTRA" "$PY" -m qwen3090 plan || exit 4
+    done
+  else
+    MODEL="$MODEL" SPEC="$SPEC" PREFIX_CACHE=1 EXTRA_ARGS="$EXTRA" "$PY" -m qwen3090 plan
+  fi
   exit 0
 fi
 
 # 4. serve, exercise, SIGINT; the record and the log come back
 "$PY" "$BUNDLE/exercise_server.py" --model "$MODEL" --out "$OUT/result.json" \
-  --log "$WORK/server.log" --spec "$SPEC" --budget-s "$BUDGET_S" --base "$BASE"
+  --log "$WORK/server.log" --spec "$SPEC" --budget-s "$BUDGET_S" --base "$BASE" \
+  ${DRAFT_ARGS[@]+"${DRAFT_ARGS[@]}"}
 rc=$?
 # Each attempt's log comes back whole when it is small, else its head and tail.
 for f in "$WORK"/server.*.log; do

@@ -30,17 +30,21 @@ PATCHES = Path(__file__).resolve().parents[3] / "patches"
 RERUN = "build the bundle (serve_bundle.py) and run serve_on_device.sh on the lent H200"
 
 
-@pytest.fixture(scope="module")
-def record() -> dict[str, Any]:
-    if not RECORD.exists():
-        pytest.skip(f"no recorded device run at {RECORD.name}: {RERUN}")
-    data: dict[str, Any] = json.loads(RECORD.read_text())
+def load_record(path: Path, current: str, rerun: str) -> dict[str, Any]:
+    """The record at ``path``; skips when there is none or another patch series made it."""
+    if not path.exists():
+        pytest.skip(f"no recorded device run at {path.name}: {rerun}")
+    data: dict[str, Any] = json.loads(path.read_text())
     recorded = (data.get("manifest") or {}).get("series_digest")
-    current = load_series(PATCHES).digest
     if recorded != current:
         pytest.skip(f"the record was made with patch series {recorded}, this checkout has "
-                    f"{current}: {RERUN}")
+                    f"{current}: {rerun}")
     return data
+
+
+@pytest.fixture(scope="module")
+def record() -> dict[str, Any]:
+    return load_record(RECORD, load_series(PATCHES).digest, RERUN)
 
 
 def _served(record: dict[str, Any]) -> dict[str, Any]:
