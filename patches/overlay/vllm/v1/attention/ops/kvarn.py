@@ -131,6 +131,18 @@ def page_bytes(block_size: int, num_kv_heads: int, head_size: int) -> int:
     return block_size // TILE_TOKENS * num_kv_heads * head_tile_bytes(head_size)
 
 
+def token_page_bytes(num_kv_heads: int, head_size: int) -> int:
+    """Page bytes per token of whole tiles, exact: ``page_bytes(n * 128) / (n * 128)``.
+
+    vLLM's hybrid alignment sizes the attention block in tokens against the
+    recurrent-state page; 6 D / 128 channel-field bytes per token are whole
+    for every head size the layout accepts (a power of two >= 64).
+    """
+    tile = page_bytes(TILE_TOKENS, num_kv_heads, head_size)
+    assert tile % TILE_TOKENS == 0, (num_kv_heads, head_size)
+    return tile // TILE_TOKENS
+
+
 def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
                 head_size: int) -> tuple[int, int, int, int]:
     page_bytes(block_size, num_kv_heads, head_size)  # validates block_size
