@@ -146,8 +146,9 @@ def test_widen_is_exact_for_every_int8_value(sda: Any) -> None:
     import triton.language as tl
 
     # Decorated while _interpreted holds TRITON_INTERPRET=1: an interpreted kernel.
-    @triton.jit
-    def widen_kernel(src, dst, OUT_FP16: tl.constexpr, FAST_INT8: tl.constexpr):
+    @triton.jit  # type: ignore[untyped-decorator]
+    def widen_kernel(src: Any, dst: Any, OUT_FP16: tl.constexpr,
+                     FAST_INT8: tl.constexpr) -> None:
         offs = tl.arange(0, 256)
         tl.store(dst + offs, _widen(tl.load(src + offs), OUT_FP16, FAST_INT8))
 
