@@ -3,7 +3,7 @@ kernel on verify batches (GQA 24/4, head_size 256, bf16 paged KV, block 16).
 
 Not a test: run it on a GPU with the patched vLLM tree importable::
 
-    python spec_decode_attn.py --tree DIR [--out DIR] [--sweep] [--variants]
+    python spec_decode_attn.py --tree DIR [--out DIR] [--sweep] [--sweep-8bit] [--variants]
                                [--contexts 1536,16384] [--kv bf16,int8,fp8]
                                [--batches 1] [--budget 240] [--json PATH]
 
@@ -19,7 +19,9 @@ Per cell it prints the time of each kernel (median of CUDA-graph replays, each r
 cycling through enough cache copies that L2 holds none of them), the new kernel's achieved
 bandwidth (bytes of K and V read once / time), its share of the HBM floor (those bytes over
 the measured device-to-device copy bandwidth, divided by the time) and the speedup over
-stock. ``--sweep`` first times launch-parameter variants on a few cells; ``--variants`` times
+stock. ``--sweep`` first times launch-parameter variants on a few cells; ``--sweep-8bit`` the
+8-bit caches' tile plans (issue 21: SWEEP8_GRID, split and reduce passes timed apart, configs
+with wrong results rejected, the best per cell; OUT/sweep8.json); ``--variants`` times
 the named kernel variants of VARIANTS side by side (with the compiled split kernel's registers,
 spills and shared memory).
 """
@@ -450,8 +452,226 @@ def sweep_configs() -> Configs:
     }
 
 
+# --sweep-8bit (issue 21): the Triton split pass's tile plans on 8-bit caches. Per KV cache
+# (int8 = int8_per_token_head, fp8 = per-tensor fp8 with fp8 queries) and verify length q, every
+# config of the grid below plus the production plan and its kernel switches is timed at every
+# context; compiles are shared across contexts (the planner's segment count depends on shapes
+# only). The grid's product is 18 tile plans; the planner shrinks those that do not fit shared
+# memory, and configs that come out as the same launch are timed once.
+SWEEP8_KVS: tuple[str, ...] = ("int8", "fp8")
+SWEEP8_CONTEXTS: tuple[int, ...] = (16384, 65536, 131072)
+SWEEP8_QUERIES: tuple[int, ...] = (8, 16)
+# In the order they are timed (a spent budget skips the last): the likeliest first.
+SWEEP8_GRID: dict[str, tuple[int, ...]] = {
+    "tile_n": (64, 32, 128), "num_warps": (8, 4), "num_stages": (3, 2, 4),
+}
+# Kernel switches compared at the production tiles (TilePlan fields): _widen's bit arithmetic
+# against Triton's own cast for int8 (on sm_90 the production plan takes the cast), and Q.K as
+# an fp8 MMA on the codes for fp8.
+SWEEP8_SWITCHES: dict[str, dict[str, dict[str, bool]]] = {
+    "int8": {"bits": {"fast_int8": True}, "cast": {"fast_int8": False}},
+    "fp8": {"fp8qk": {"fp8_qk": True}},
+}
+# A config is rejected (never "best") with any unwritten row or a relative error against the
+# float32 reference above this: bf16 q and P rounding lands at 5e-3..6e-3 (the tests' bound).
+SWEEP8_REL_ERR = 1e-2
+
+
+def sweep8_configs(sda: Any, kv: str, q: int, ws: Any) -> list[tuple[str, Any, Any]]:
+    """(name, TilePlan, LaunchPlan) per distinct launch for one (kv, q): the production plan
+    first, then its switches, then the grid (in SWEEP8_GRID's order)."""
+    heads = NUM_KV_HEADS * GROUP
+    production = sda.TILE_PLANS["int8" if kv == "int8" else "fp8"]
+    named: list[tuple[str, Any]] = [("production", production)]
+    for name, switch in SWEEP8_SWITCHES.get(kv, {}).items():
+        named.append((f"production+{name}", dataclasses.replace(production, **switch)))
+    for values in itertools.product(*SWEEP8_GRID.values()):
+        fields = dict(zip(SWEEP8_GRID, values, strict=True))
+        name = " ".join(f"{k}={v}" for k, v in fields.items())
+        named.append((name, dataclasses.replace(production, **fields)))
+    seen: set[tuple[Any, ...]] = set()
+    configs = []
+    for name, tiles in named:
+        plan = sda.plan_launch(1, q, heads, NUM_KV_HEADS, HEAD_SIZE, ws, kernel="triton",
+                               **tiles.plan_overrides())
+        key = (plan.block_m, plan.tile_n, plan.num_warps, plan.num_stages, plan.num_segments,
+               sda.use_fast_int8(tiles, ws_device(ws)) if kv == "int8" else None,
+               tiles.fp8_qk if kv == "fp8" else None)
+        if key in seen:
+            continue
+        seen.add(key)
+        configs.append((name, tiles, plan))
+    return configs
+
+
+def ws_device(ws: Any) -> Any:
+    return ws.part_out.device
+
+
+def split_reduce_calls(env: dict[str, Any], b: Any, out: Any, ws: Any, plan: Any,
+                       tiles: Any) -> tuple[Callable[[], None], Callable[[], None],
+                                            Callable[[], None]]:
+    """The whole call, the split pass alone and the reduce pass alone, for one batch."""
+    sda = env["sda"]
+    split_plan = dataclasses.replace(plan, reduce_grid=None)
+
+    def run(p: Any) -> None:
+        sda.spec_decode_attention(
+            b.query, b.key_cache, b.value_cache, out, b.cu_seqlens_q, b.seq_lens,
+            b.block_table, b.max_query_len, HEAD_SIZE**-0.5, ws, p,
+            b.k_scale_cache, b.v_scale_cache, b.q_descale, b.k_descale, b.v_descale, tiles,
+        )
+
+    def reduce_only() -> None:
+        sda.launch_reduce(out, b.cu_seqlens_q, b.max_query_len, ws, plan)
+
+    return (lambda: run(plan)), (lambda: run(split_plan)), reduce_only
+
+
+def sweep8_row(env: dict[str, Any], cell: Cell, batches: list[Any], want: Any, ws: Any,
+               copy_bw: float, name: str, tiles: Any, plan: Any,
+               recorder: LaunchRecorder) -> dict[str, Any]:
+    """One config on one cell: the whole call, then its split and reduce passes each in a
+    CUDA graph of their own (events around each replay), checked against the reference."""
+    torch, ref = env["torch"], env["ref"]
+    outs = [torch.full(b.query.shape, float("nan"), dtype=torch.bfloat16, device=DEVICE)
+            for b in batches]
+    calls = [split_reduce_calls(env, b, o, ws, plan, tiles)
+             for b, o in zip(batches, outs, strict=True)]
+    t_all = _time_graph(torch, [c[0] for c in calls])
+    err = ref.compare(outs[0], want, batches[0])
+    t_split = _time_graph(torch, [c[1] for c in calls])
+    t_reduce = _time_graph(torch, [c[2] for c in calls]) if plan.reduce_grid else 0.0
+    ok = err["unwritten_rows"] == 0 and err["rel_err"] <= SWEEP8_REL_ERR
+    return {
+        "kv": cell.kv, "context": cell.context, "q": len(batches[0].query) // cell.batch,
+        "config": name, "ok": ok, "us": t_all * 1e6, "split_us": t_split * 1e6,
+        "reduce_us": t_reduce * 1e6,
+        # What the two launches cost beyond their own times (the boundary, and the reduce
+        # pass's wait on the split pass's tail): the part a folded reduce could save.
+        "boundary_us": (t_all - t_split - t_reduce) * 1e6,
+        "pct_floor": 100 * cell.kv_bytes / copy_bw / t_all,
+        "split_pct_floor": 100 * cell.kv_bytes / copy_bw / t_split,
+        "rel_err": err["rel_err"], "unwritten": err["unwritten_rows"],
+        "block_m": plan.block_m, "tile_n": plan.tile_n, "warps": plan.num_warps,
+        "stages": plan.num_stages, "segments": plan.num_segments,
+        "fast_int8": env["sda"].use_fast_int8(tiles, ws_device(ws)) if cell.kv == "int8"
+        else None,
+        "fp8_qk": tiles.fp8_qk if cell.kv == "fp8" else None,
+        **compiled_info(recorder.last),
+    }
+
+
+def sweep8_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Best accepted config per (kv, q, context), and per (kv, q) the config whose worst
+    slowdown against those bests over the contexts is smallest (one plan per shape: the
+    planner never sees the context)."""
+    best: dict[str, dict[str, Any]] = {}
+    timed = [r for r in rows if "us" in r]
+    for r in timed:
+        key = f"{r['kv']}/q{r['q']}/{r['context']}"
+        if r["ok"] and (key not in best or r["us"] < best[key]["us"]):
+            best[key] = r
+    per_shape: dict[str, dict[str, Any]] = {}
+    for kv, q in sorted({(r["kv"], r["q"]) for r in timed}):
+        mine = [r for r in timed if (r["kv"], r["q"]) == (kv, q)]
+        contexts = sorted({r["context"] for r in mine})
+        regret: dict[str, float] = {}
+        for name in {r["config"] for r in mine}:
+            got = {r["context"]: r for r in mine if r["config"] == name}
+            if set(got) != set(contexts) or not all(r["ok"] for r in got.values()):
+                continue  # rejected somewhere, or not timed at every context
+            regret[name] = max(got[c]["us"] / best[f"{kv}/q{q}/{c}"]["us"] for c in contexts)
+        if regret:
+            name = min(regret, key=lambda n: regret[n])
+            per_shape[f"{kv}/q{q}"] = {"config": name, "worst_slowdown": regret[name],
+                                       "production_worst_slowdown": regret.get("production")}
+    return {"best_per_cell": best, "best_per_shape": per_shape}
+
+
+def run_sweep8(env: dict[str, Any], ws: Any, copy_bw: float, out_path: Path, budget_s: float,
+               kvs: list[str], contexts: list[int], queries: list[int]) -> dict[str, Any]:
+    """SWEEP8's grid: rows printed and written to out_path as they come, then the summary.
+    Configs go round-robin over the (kv, q) shapes (the production plan and its switches of
+    every shape first), so a budget that runs out leaves every shape the same coverage."""
+    global KV
+    sda, ref = env["sda"], env["ref"]
+    recorder = LaunchRecorder(sda._spec_decode_split_kernel)
+    sda._spec_decode_split_kernel = recorder
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    shapes = []
+    for kv in kvs:
+        KV = kv
+        cells = [Cell(env, 1, c) for c in contexts]
+        for q in queries:
+            per_cell = [(cell, cell.batches(q)) for cell in cells]
+            wants = [ref.reference(batches[0], HEAD_SIZE**-0.5) for _, batches in per_cell]
+            shapes.append((kv, q, per_cell, wants, sweep8_configs(sda, kv, q, ws)))
+    print(f"8-bit sweep: {sum(len(c[4]) for c in shapes)} configs over {len(shapes)} shapes "
+          f"x {len(contexts)} contexts (cells built in {time.perf_counter() - started:.0f} s)",
+          flush=True)
+    try:
+        for i in range(max(len(c[4]) for c in shapes)):
+            for kv, q, per_cell, wants, configs in shapes:
+                if i >= len(configs):
+                    continue
+                name, tiles, plan = configs[i]
+                if time.perf_counter() - started > budget_s:
+                    skipped.append(f"{kv}/q{q}/{name}")
+                    continue
+                for (cell, batches), want in zip(per_cell, wants, strict=True):
+                    try:
+                        row = sweep8_row(env, cell, batches, want, ws, copy_bw, name, tiles,
+                                         plan, recorder)
+                    except Exception as exc:  # a config Triton refuses (resources)
+                        row = {"kv": kv, "context": cell.context, "q": q, "config": name,
+                               "ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                out_path.write_text(json.dumps(
+                    {"rows": rows, "seconds": round(time.perf_counter() - started, 1),
+                     **sweep8_summary(rows)}, indent=1))
+    finally:
+        sda._spec_decode_split_kernel = recorder.kernel
+    result = {"rows": rows, "skipped": skipped,
+              "seconds": round(time.perf_counter() - started, 1), **sweep8_summary(rows)}
+    out_path.write_text(json.dumps(result, indent=1))
+    print_sweep8(result)
+    return result
+
+
+def print_sweep8(result: dict[str, Any]) -> None:
+    print("\n| KV | q | context | config | µs | % floor | split µs | reduce µs | boundary µs "
+          "| rel err | regs/spill |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in result["rows"]:
+        if "us" not in r:
+            print(f"| {r['kv']} | {r['q']} | {r['context']} | {r['config']} | error: "
+                  f"{r.get('error', '')[:80]} |")
+            continue
+        flag = "" if r["ok"] else " REJECTED"
+        print(f"| {r['kv']} | {r['q']} | {r['context']} | {r['config']}{flag} | {r['us']:.1f} | "
+              f"{r['pct_floor']:.1f}% | {r['split_us']:.1f} | {r['reduce_us']:.1f} | "
+              f"{r['boundary_us']:.1f} | {r['rel_err']:.1e} | {r.get('regs')}/{r.get('spills')} |")
+    print("\nbest per (kv, q, context):")
+    for key, r in result["best_per_cell"].items():
+        print(f"  {key}: {r['config']} {r['us']:.1f} us, {r['pct_floor']:.1f}% of floor "
+              f"(split {r['split_us']:.1f} + reduce {r['reduce_us']:.1f} us)")
+    print("one plan per (kv, q), smallest worst slowdown over the contexts:")
+    for key, r in result["best_per_shape"].items():
+        prod = r["production_worst_slowdown"]
+        print(f"  {key}: {r['config']} (worst {r['worst_slowdown']:.3f}x the per-context best; "
+              f"production {'rejected' if prod is None else f'{prod:.3f}x'})")
+    if result["skipped"]:
+        print(f"skipped (budget): {len(result['skipped'])} configs: "
+              + ", ".join(result["skipped"][:40]))
+
+
 def _smoke_setup() -> None:
     global DEVICE, ROTATE_BYTES, QUERY_LENS, BATCHES, SWEEP_CELLS, SWEEP_SPACE, VARIANT_CELLS
+    global SWEEP8_CONTEXTS, SWEEP8_QUERIES, SWEEP8_GRID
     import os
 
     os.environ["TRITON_INTERPRET"] = "1"
@@ -461,6 +681,8 @@ def _smoke_setup() -> None:
     SWEEP_SPACE = {"tile_n": (32,), "num_warps": (4,), "num_stages": (2,),
                    "num_segments": (2, 4), "min_segment_tokens": (32,)}
     VARIANT_CELLS = ((1, 64, 16), (1, 64, 4))
+    SWEEP8_CONTEXTS, SWEEP8_QUERIES = (64, 96), (4,)
+    SWEEP8_GRID = {"tile_n": (32, 64), "num_warps": (4,), "num_stages": (2,)}
 
 
 def main() -> int:
@@ -469,6 +691,20 @@ def main() -> int:
     parser.add_argument("--out", default=".", help="directory for results.json / table.md")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--sweep-budget", type=float, default=240.0, help="seconds")
+    parser.add_argument("--sweep-8bit", action="store_true",
+                        help="issue 21: time SWEEP8_GRID's tile plans (and the production "
+                        "plan's kernel switches) on 8-bit caches; OUT/sweep8.json")
+    parser.add_argument("--sweep-8bit-kv", default=",".join(SWEEP8_KVS),
+                        help="comma-separated 8-bit caches for --sweep-8bit (int8, fp8)")
+    parser.add_argument("--sweep-8bit-contexts", default=None,
+                        help="comma-separated contexts for --sweep-8bit (default "
+                        f"{','.join(map(str, SWEEP8_CONTEXTS))})")
+    parser.add_argument("--sweep-8bit-queries", default=None,
+                        help="comma-separated verify lengths for --sweep-8bit (default "
+                        f"{','.join(map(str, SWEEP8_QUERIES))})")
+    parser.add_argument("--sweep-8bit-budget", type=float, default=150.0,
+                        help="seconds for --sweep-8bit: configs not started by then are "
+                        "listed as skipped")
     parser.add_argument("--variants", action="store_true",
                         help="compare the kernel variants of VARIANTS first")
     parser.add_argument("--variants-budget", type=float, default=300.0, help="seconds")
@@ -536,6 +772,19 @@ def main() -> int:
         time_configs(env, ws, copy_bw, out_dir / "sweep.json", args.sweep_budget, SWEEP_CELLS,
                      sweep_configs())
         print(f"sweep took {time.perf_counter() - started:.0f} s", flush=True)
+    if args.sweep_8bit:
+        kvs8 = [k for k in args.sweep_8bit_kv.split(",") if k]
+        bad = sorted(set(kvs8) - set(SWEEP8_KVS))
+        if bad or not kvs8:
+            parser.error(f"--sweep-8bit-kv {args.sweep_8bit_kv!r}: choose from "
+                         f"{', '.join(SWEEP8_KVS)}")
+        contexts8 = ([int(c) for c in args.sweep_8bit_contexts.split(",") if c]
+                     if args.sweep_8bit_contexts else list(SWEEP8_CONTEXTS))
+        queries8 = ([int(c) for c in args.sweep_8bit_queries.split(",") if c]
+                    if args.sweep_8bit_queries else list(SWEEP8_QUERIES))
+        run_sweep8(env, ws, copy_bw, out_dir / "sweep8.json", args.sweep_8bit_budget, kvs8,
+                   contexts8, queries8)
+        print(f"8-bit sweep took {time.perf_counter() - started:.0f} s", flush=True)
     if args.variants:
         names = [n for n in args.variant_names.split(",") if n]
         unknown = sorted(set(names) - set(VARIANTS))

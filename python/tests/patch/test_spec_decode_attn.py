@@ -399,6 +399,40 @@ def test_benchmark_variants_run_on_the_interpreter(
 
 
 @pytest.mark.patch
+def test_benchmark_8bit_sweep_runs_on_the_interpreter(
+    patched_cpu_tree: Path, tmp_path: Path
+) -> None:
+    """--sweep-8bit (issue 21) in smoke mode: every config of its (smoke) grid, the
+    production plan and its kernel switches timed on int8 and fp8 caches at two contexts,
+    each checked against the reference, the split and reduce passes timed apart, the best
+    per cell and per shape summarised, and all of it in OUT/sweep8.json."""
+    env = {**os.environ, "PYTHONPATH": str(_dist_dir(tmp_path / "dist"))}
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARK), "--tree", str(patched_cpu_tree), "--out",
+         str(tmp_path), "--smoke", "--sweep-8bit", "--contexts", ""],
+        capture_output=True, text=True, timeout=900, check=False, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "sweep8.json").read_text())
+    rows = result["rows"]
+    assert result["skipped"] == [] and [r for r in rows if "error" in r] == []
+    configs = {kv: {r["config"] for r in rows if r["kv"] == kv} for kv in ("int8", "fp8")}
+    grid = {"tile_n=32 num_warps=4 num_stages=2", "tile_n=64 num_warps=4 num_stages=2"}
+    # On the CPU the production int8 plan takes Triton's cast, so "+cast" is the same launch.
+    assert configs["int8"] == {"production", "production+bits"} | grid, configs
+    assert configs["fp8"] == {"production", "production+fp8qk"} | grid, configs
+    for r in rows:
+        assert r["ok"] and r["unwritten"] == 0 and r["rel_err"] < INT8_REL_ERR, r
+        assert r["us"] > 0 and r["split_us"] > 0 and r["reduce_us"] >= 0, r
+        assert r["fast_int8"] == (r["config"] == "production+bits" if r["kv"] == "int8"
+                                  else None), r
+    assert set(result["best_per_cell"]) == {f"{kv}/q4/{c}" for kv in ("int8", "fp8")
+                                            for c in (64, 96)}
+    assert set(result["best_per_shape"]) == {"int8/q4", "fp8/q4"}
+    assert "best per (kv, q, context)" in proc.stdout
+
+
+@pytest.mark.patch
 def test_benchmark_kv_table_runs_on_the_interpreter(
     patched_cpu_tree: Path, tmp_path: Path
 ) -> None:

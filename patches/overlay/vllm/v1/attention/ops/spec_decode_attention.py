@@ -26,6 +26,7 @@
 # portable Triton split pass below. Both write the same partials. The launch
 # planner, which decides from shapes only, is spec_decode_attention_plan.py.
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -50,16 +51,21 @@ __all__ = [
     "MAX_BLOCK_M",
     "MAX_SEGMENTS",
     "MIN_SEGMENT_TOKENS",
+    "TILE_PLANS",
     "WORKSPACE_BUDGET_BYTES",
     "LaunchPlan",
     "SpecDecodeAttention",
     "SpecDecodeWorkspace",
+    "TilePlan",
     "get_workspace",
     "hopper_available",
     "int8_rows_aligned",
+    "kv_family",
+    "launch_reduce",
     "plan_launch",
     "plan_smem",
     "spec_decode_attention",
+    "use_fast_int8",
 ]
 
 logger = init_logger(__name__)
@@ -91,6 +97,70 @@ _KV_PLAIN, _KV_TENSOR, _KV_TOKEN_HEAD = 0, 1, 2
 _LOG2E = 1.4426950408889634
 
 
+@dataclass(frozen=True)
+class TilePlan:
+    """The Triton split pass's tile plan for one KV cache family: plan_launch
+    overrides (None: the planner's shape-based choice) and kernel switches.
+
+    tile_n: keys per chunk (the kernel's TILE_N); num_warps, num_stages: the
+    launch's; num_segments: the KV split (a power of two); fast_int8: widen int8
+    tiles with _widen's float32 bit arithmetic instead of Triton's cast (None: only
+    where that cast is a conversion instruction, see use_fast_int8); fp8_qk: Q.K
+    as an fp8 MMA when q and K are both e4m3 (per-tensor fp8 caches with
+    TRITON_ATTN's fp8 queries; sm_89+, where vLLM allows fp8 caches at all).
+    """
+
+    tile_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    num_segments: int | None = None
+    fast_int8: bool | None = None
+    fp8_qk: bool = False
+
+    def plan_overrides(self) -> dict[str, int]:
+        fields = {"tile_n": self.tile_n, "num_warps": self.num_warps,
+                  "num_stages": self.num_stages, "num_segments": self.num_segments}
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+# Production tile plans per KV cache family (kv_family). Why each is what it is:
+# - "16bit": the planner's own defaults, which come from the H200 bf16 sweeps
+#   (qwen3090's benchmarks/spec_decode_attn.md); unchanged by issue 21.
+# - "int8": the planner's tiles, unmeasured for int8 so far (no GPU timing of an
+#   8-bit cache exists yet; `spec_decode_attn.py --sweep-8bit` measures the grid
+#   and is what should set these); the widening is use_fast_int8's per-arch
+#   choice (_widen's bit arithmetic below sm_90, Triton's own packed cast above).
+# - "fp8": the planner's tiles, likewise unmeasured; the fp8 Q.K MMA stays off
+#   until the sweep has compared its error and time with the widened path on a GPU
+#   (the interpreter computes fp8 products exactly, Hopper's fp8 MMA accumulates
+#   with fewer bits).
+TILE_PLANS: dict[str, TilePlan] = {
+    "16bit": TilePlan(),
+    "int8": TilePlan(),
+    "fp8": TilePlan(),
+}
+
+
+def use_fast_int8(tiles: TilePlan, device: torch.device) -> bool:
+    """Whether int8 tiles take _widen's bit arithmetic. Left to the plan (None), only
+    below sm_90: there Triton 3.9's int8 -> bf16 cast is one cvt.rn.f32.s8 (a
+    quarter-rate conversion) per element, while for sm_90 it emits its own packed trick
+    (prmt, two ands, one sub.bf16x2 per two elements: fewer instructions than _widen's,
+    which bf16x2 arithmetic below sm_90 cannot do); ptxas-compiled counts in qwen3090's
+    benchmarks/spec_decode_attn.md."""
+    if tiles.fast_int8 is not None:
+        return tiles.fast_int8
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9
+
+
+def kv_family(key_cache: torch.Tensor) -> str:
+    """TILE_PLANS' key for a cache: "int8", "fp8" (any e4m3 cache, per tensor
+    or per token and head) or "16bit"."""
+    if key_cache.dtype == torch.int8:
+        return "int8"
+    return "fp8" if key_cache.element_size() == 1 else "16bit"
+
+
 @triton.jit
 def _block_and_slot(
     block_table_row_ptr,
@@ -115,6 +185,36 @@ def _block_and_slot(
         ).to(tl.int64)
         slot = tok % BLOCK_SIZE
     return blk, slot
+
+
+@triton.jit
+def _widen(x, OUT_FP16: tl.constexpr, FAST_INT8: tl.constexpr):
+    """An 8- or 16-bit K/V tile as the MMA's 16-bit input (the output's dtype).
+
+    FAST_INT8 (int8 tiles only): integer and float adds on bit patterns instead of
+    Triton's int8 -> bf16 cast, which below sm_90 is one cvt.rn.f32.s8 per element, a
+    quarter-rate conversion-unit instruction (at 128k context ~268 M of them per layer
+    call). Here every step is a full-rate ALU op and every step is exact:
+      u = x + 128 in [0, 255] (flip the sign bit, then zero-extend);
+      bf16: float32 bits 0x4B000000 | u are 2^23 + u; minus 2^23 + 128 leaves x exactly,
+            and x (|x| <= 128) has a zero low half, so truncating to bf16 is exact;
+      fp16: fp16 bits 0x6400 | u are 1024 + u; minus 1152 leaves x exactly.
+    """
+    if FAST_INT8:
+        u = x.to(tl.uint8, bitcast=True) ^ 0x80
+        if OUT_FP16:
+            h = (u.to(tl.uint16) | 0x6400).to(tl.uint16)
+            return h.to(tl.float16, bitcast=True) - 1152.0
+        else:
+            w = (u.to(tl.uint32) | 0x4B000000).to(tl.uint32)
+            f = w.to(tl.float32, bitcast=True) - 8388736.0
+            hi = (f.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
+            return hi.to(tl.bfloat16, bitcast=True)
+    else:
+        if OUT_FP16:
+            return x.to(tl.float16)
+        else:
+            return x.to(tl.bfloat16)
 
 
 @triton.jit
@@ -145,6 +245,9 @@ def _attend_tile(
     stride_vs_slot: tl.int64,
     MASKED: tl.constexpr,
     KV_PTH: tl.constexpr,
+    OUT_FP16: tl.constexpr,
+    FAST_INT8: tl.constexpr,
+    FP8_QK: tl.constexpr,
 ):
     """One online-softmax step over KV tokens [start, start + TILE_N).
 
@@ -152,10 +255,13 @@ def _attend_tile(
     value, so that a row that has seen no key gives exp2(-inf - m_i) = 0
     rather than NaN without a per-tile select.
 
-    K and V tiles are cast to q's dtype (the compute dtype) as they load: a
-    no-op for 16-bit caches, exact for int8 (|x| <= 128) and fp8 e4m3 (its
-    values are bf16 and fp16 values). Per-tensor fp8 scales are folded into
-    qk_scale and the output by the caller.
+    K and V tiles are widened to the output's 16-bit dtype (the compute dtype)
+    as they load (_widen): a no-op for 16-bit caches, exact for int8 (|x| <=
+    128) and fp8 e4m3 (its values are bf16 and fp16 values). The raw codes go
+    into the MMA; no scale touches a [TILE_N, HEAD_SIZE] tile. Per-tensor fp8
+    scales are folded into qk_scale and the output by the caller. FP8_QK: q
+    and K are both e4m3 (an fp8 cache with TRITON_ATTN's fp8 queries) and
+    Q.K runs as an fp8 MMA on the codes, K not widened at all (sm_89+ only).
 
     KV_PTH: one float32 scale per (token, kv head) (vLLM's int8_per_token_head
     and fp8_per_token_head), applied to the scores' and P's columns, a TILE_N
@@ -171,7 +277,8 @@ def _attend_tile(
         k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs)
-    k = k.to(q.dtype)
+    if not FP8_QK:
+        k = _widen(k, OUT_FP16, FAST_INT8)
     if KV_PTH:
         # Masked slots read scale 1 (an unused slot's scale may be anything).
         scale_off = blk * stride_ks_blk + slot * stride_ks_slot
@@ -201,12 +308,12 @@ def _attend_tile(
         v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
-    v = v.to(q.dtype)
+    v = _widen(v, OUT_FP16, FAST_INT8)
     if KV_PTH:
         # l_i sums the unscaled p: the V scale weights values, not keys.
-        acc = tl.dot((p * v_sc[None, :]).to(q.dtype), v, acc * alpha[:, None])
+        acc = tl.dot((p * v_sc[None, :]).to(v.dtype), v, acc * alpha[:, None])
     else:
-        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
@@ -269,13 +376,17 @@ def _spec_decode_split_kernel(
     BT_LOOKAHEAD: tl.constexpr,
     KV_SCALES: tl.constexpr,
     Q_SCALED: tl.constexpr,
+    OUT_FP16: tl.constexpr = False,
+    FAST_INT8: tl.constexpr = False,
+    FP8_QK: tl.constexpr = False,
 ):
     """KV_SCALES: 0 for a 16-bit cache; 1 for a per-tensor fp8 cache, whose
     descales k_scale_ptr / v_scale_ptr are [num_seqs, num_kv_heads] (strides
     stride_ks_blk, stride_ks_head; TRITON_ATTN's expanded per-tensor scalar);
     2 for per-token-head scales, [num_blocks, block_size, num_kv_heads] views.
     Q_SCALED: q is fp8 with the per-tensor descale q_scale_ptr[0] (TRITON_ATTN
-    quantizes queries for fp8 caches on CUDA)."""
+    quantizes queries for fp8 caches on CUDA). FAST_INT8, FP8_QK: _widen's and
+    _attend_tile's (KernelOptions)."""
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     seg = tl.program_id(2)
@@ -323,8 +434,10 @@ def _spec_decode_split_kernel(
         mask=row_ok[:, None],
         other=0.0,
     )
-    # The products run in the output's 16-bit dtype; an fp8 q converts exactly.
-    q = q.to(out_ptr.dtype.element_ty)
+    # The products run in the output's 16-bit dtype; an fp8 q converts exactly
+    # (or stays fp8 for an fp8 Q.K, FP8_QK).
+    if not FP8_QK:
+        q = q.to(out_ptr.dtype.element_ty)
     if Q_SCALED:
         qk_scale = qk_scale * tl.load(q_scale_ptr)
     v_sc_tensor = 1.0
@@ -370,6 +483,7 @@ def _spec_decode_split_kernel(
                 row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
                 stride_v_blk, stride_v_slot, ks_base, vs_base, stride_ks_blk,
                 stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_SCALES == 2,
+                OUT_FP16, FAST_INT8, FP8_QK,
             )
             blk = blk_next
             slot = slot_next
@@ -381,6 +495,7 @@ def _spec_decode_split_kernel(
                 row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
                 stride_v_blk, stride_v_slot, ks_base, vs_base, stride_ks_blk,
                 stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_SCALES == 2,
+                OUT_FP16, FAST_INT8, FP8_QK,
             )
     for start in range(full_end, kv_hi, TILE_N):
         blk, slot = _block_and_slot(bt_row, start, kv_hi, offs_t, BLOCK_SIZE, TILE_N)
@@ -388,7 +503,7 @@ def _spec_decode_split_kernel(
             q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi, row_limit,
             qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot, stride_v_blk,
             stride_v_slot, ks_base, vs_base, stride_ks_blk, stride_ks_slot, stride_vs_blk,
-            stride_vs_slot, True, KV_SCALES == 2,
+            stride_vs_slot, True, KV_SCALES == 2, OUT_FP16, FAST_INT8, FP8_QK,
         )
 
     if NUM_SEGMENTS == 1:
@@ -561,6 +676,7 @@ def _launch_triton_split(
     q_descale: torch.Tensor | None,
     k_descale: torch.Tensor | None,
     v_descale: torch.Tensor | None,
+    tiles: TilePlan,
 ) -> None:
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -620,6 +736,11 @@ def _launch_triton_split(
         BT_LOOKAHEAD=plan.bt_lookahead,
         KV_SCALES=kv_scales,
         Q_SCALED=q_descale is not None,
+        OUT_FP16=out.dtype == torch.float16,
+        FAST_INT8=key_cache.dtype == torch.int8 and use_fast_int8(tiles, q.device),
+        # Per-tensor fp8 only: a per-token-head cache's queries are 16-bit.
+        FP8_QK=(tiles.fp8_qk and kv_scales == _KV_TENSOR
+                and q.dtype == key_cache.dtype == torch.float8_e4m3fn),
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
@@ -642,6 +763,7 @@ def spec_decode_attention(
     q_descale: torch.Tensor | None = None,
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
+    tiles: TilePlan | None = None,
 ) -> LaunchPlan:
     """Causal paged attention for verify batches.
 
@@ -656,6 +778,8 @@ def spec_decode_attention(
     (fp8, fp8_e4m3) comes with k_descale and v_descale: float32 [num_seqs,
     num_kv_heads], any strides (TRITON_ATTN expands the layer's scalar); an
     fp8 q (TRITON_ATTN's quantized queries) with its scalar q_descale.
+    tiles: the Triton split pass's tile plan and switches (default: TILE_PLANS
+    for this cache); its plan_launch overrides apply only when plan is None.
     """
     if out.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"spec-decode attention writes 16-bit outputs, not {out.dtype}")
@@ -688,9 +812,12 @@ def spec_decode_attention(
     num_seqs = seq_lens.shape[0]
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    if tiles is None:
+        tiles = TILE_PLANS[kv_family(key_cache)]
     if plan is None:
         plan = plan_launch(
-            num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace
+            num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
+            kernel="triton" if one_byte else None, **tiles.plan_overrides(),
         )
     if plan.kernel == "hopper" and (one_byte or q_descale is not None):
         # The Hopper split pass reads 16-bit caches only: no int8 or fp8 variant
@@ -749,25 +876,39 @@ def spec_decode_attention(
             q, key_cache, value_cache, out, cu_seqlens_q, seq_lens, block_table,
             max_query_len, softmax_scale, workspace, plan, k_scale_cache, v_scale_cache,
             q_descale, k_descale if per_tensor else None, v_descale if per_tensor else None,
+            tiles,
         )
-    if plan.reduce_grid is not None:
-        _spec_decode_reduce_kernel[plan.reduce_grid](
-            out,
-            workspace.part_out,
-            workspace.part_max,
-            workspace.part_sum,
-            cu_seqlens_q,
-            out.stride(0),
-            out.stride(1),
-            NUM_HEADS=num_heads,
-            HEAD_SIZE=head_size,
-            MAX_Q=max_query_len,
-            NUM_SEGMENTS=plan.num_segments,
-            # One pass over up to 64 segments: every load in flight at once.
-            SEG_CHUNK=min(plan.num_segments, 64),
-            num_warps=8 if plan.num_segments >= 32 else 4,
-        )
+    launch_reduce(out, cu_seqlens_q, max_query_len, workspace, plan)
     return plan
+
+
+def launch_reduce(
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_query_len: int,
+    workspace: SpecDecodeWorkspace,
+    plan: LaunchPlan,
+) -> None:
+    """The reduce pass of a split launch (nothing for a one-segment plan); its own
+    function so that the benchmark can time it apart from the split pass."""
+    if plan.reduce_grid is None:
+        return
+    _spec_decode_reduce_kernel[plan.reduce_grid](
+        out,
+        workspace.part_out,
+        workspace.part_max,
+        workspace.part_sum,
+        cu_seqlens_q,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=out.shape[1],
+        HEAD_SIZE=out.shape[2],
+        MAX_Q=max_query_len,
+        NUM_SEGMENTS=plan.num_segments,
+        # One pass over up to 64 segments: every load in flight at once.
+        SEG_CHUNK=min(plan.num_segments, 64),
+        num_warps=8 if plan.num_segments >= 32 else 4,
+    )
 
 
 # Shared across layers of one process: layers run one after another on one
@@ -995,6 +1136,7 @@ class SpecDecodeAttention:
             )
             return False
         ws = self.workspace
+        tiles = TILE_PLANS[kv_family(key_cache)]
         for _ in range(8):
             plan = plan_launch(
                 num_seqs,
@@ -1005,6 +1147,7 @@ class SpecDecodeAttention:
                 ws,
                 # No Hopper split pass reads 8-bit caches (spec_decode_attention).
                 kernel="triton" if self.kv_pth or self.kv_fp8_tensor else None,
+                **tiles.plan_overrides(),
             )
             try:
                 spec_decode_attention(
@@ -1024,6 +1167,7 @@ class SpecDecodeAttention:
                     q_descale,
                     k_descale,
                     v_descale,
+                    tiles,
                 )
             except Exception as exc:
                 if plan.kernel == "hopper" and type(exc).__name__ == "CompilationError":

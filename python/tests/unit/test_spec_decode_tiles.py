@@ -1,0 +1,210 @@
+"""spec-decode-attn's Triton split pass on 8-bit KV caches, per tile plan, on the interpreter.
+
+Issue 21: the H200 sweep (benchmarks/spec_decode_attn.py --sweep-8bit) may pick any tile plan
+of its grid, and either widening of int8 tiles, as a cache family's production plan
+(TILE_PLANS in the overlay). Each of those must give the reference's result. The interpreter
+ignores num_warps and num_stages (they change scheduling, not arithmetic), so what differs
+between the grid's configs here is the key tile (tile_n), the KV split and the kernel switches.
+
+The overlay file is loaded by path under a private name, its planner import pointed at the
+overlay's planner and its ``vllm.triton_utils`` import at Triton itself (vLLM's CPU build
+disables Triton there), with TRITON_INTERPRET=1 while its kernels are decorated: no patched
+tree, no subprocess.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from tests.support import kvarn_ref
+from tests.support import spec_decode_ref as ref
+
+pytestmark = pytest.mark.unit
+
+OPS_DIR = Path(__file__).resolve().parents[3] / "patches/overlay/vllm/v1/attention/ops"
+PLAN_MODULE = "vllm.v1.attention.ops.spec_decode_attention_plan"
+# Small shapes: 2 kv heads x 6 query heads each, head_size 64, 16-token cache blocks.
+KV_HEADS, GROUP, HEAD_SIZE, BLOCK_SIZE = 2, 6, 64, 16
+# Two requests, ragged: query lengths 8 and 3 over 270 and 90 keys (NaN past their ends).
+QUERY_LENS, KV_LENS = [8, 3], [270, 90]
+# bf16 q and P rounding against the float32 reference of the dequantized cache (the patch
+# tests' INT8_REL_ERR / FP8_REL_ERR; 5e-3..6e-3 measured).
+REL_ERR = 1e-2
+# The tile_n values of the sweep's grid, and the KV splits it runs (the planner's for the
+# model's shapes on an H200, and a forced one).
+TILE_NS = (32, 64, 128)
+SEGMENTS = (None, 4)
+
+
+def _load(name: str, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, OPS_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up while decorating
+    spec.loader.exec_module(module)
+    return module
+
+
+# _widen of the loaded overlay, for the kernel below (jit functions resolve globals).
+_widen: Any = None
+
+
+@pytest.fixture(scope="module")
+def sda() -> Iterator[Any]:
+    """The overlay module, its kernels decorated for the interpreter (TRITON_INTERPRET=1 is
+    read at decoration; set only while the module loads, as kvarn_ref.load_kvarn does)."""
+    global _widen
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("TRITON_INTERPRET", "1")
+        plan = _load("spec_decode_attention_plan", "_overlay_tiles_plan")
+        mp.setitem(sys.modules, PLAN_MODULE, plan)
+        utils = types.ModuleType("vllm.triton_utils")
+        utils.tl, utils.triton = tl, triton  # type: ignore[attr-defined]
+        mp.setitem(sys.modules, "vllm.triton_utils", utils)
+        module = _load("spec_decode_attention", "_overlay_tiles_sda")
+        mp.delenv("TRITON_INTERPRET")
+        # The bf16 fixes of the interpreter, undone with the fixture (other modules' tests
+        # share this worker).
+        for name in ("create_dot", "create_si_to_fp"):
+            mp.setattr(interpreter.InterpreterBuilder, name,
+                       getattr(interpreter.InterpreterBuilder, name))
+        ref.fix_interpreter_bf16_dot()
+        _widen = module._widen
+        yield module
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton also reads TRITON_INTERPRET while launching an interpreted kernel, and its
+    standard library (tl.cdiv, tl.max...) may have been decorated compiled by another test
+    of this worker: both per test, as test_kvarn_kernels does."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kvarn_ref.interpret_triton_stdlib(monkeypatch)
+
+
+def _workspace(sda: Any) -> Any:
+    return sda.SpecDecodeWorkspace(
+        max_tokens=len(QUERY_LENS) * max(QUERY_LENS), num_heads=KV_HEADS * GROUP,
+        head_size=HEAD_SIZE, device=torch.device("cpu"), num_sms=8,
+    )
+
+
+def _batch(kind: str, seed: int) -> ref.PagedBatch:
+    args = (QUERY_LENS, KV_LENS, KV_HEADS, GROUP, HEAD_SIZE, BLOCK_SIZE)
+    if kind == "int8":
+        batch = ref.make_int8_batch(*args, torch.bfloat16, "cpu", seed)
+    elif kind == "int8/fp16":
+        batch = ref.make_int8_batch(*args, torch.float16, "cpu", seed)
+    elif kind == "fp8":  # per tensor, with TRITON_ATTN's fp8 queries
+        batch = ref.make_fp8_batch(*args, ref.FP8, "cpu", seed)
+    else:
+        raise AssertionError(kind)
+    ref.poison_tail(batch)
+    return batch
+
+
+def _run(sda: Any, batch: ref.PagedBatch, tiles: Any, segments: int | None) -> dict[str, Any]:
+    ws = _workspace(sda)
+    plan = sda.plan_launch(
+        len(QUERY_LENS), max(QUERY_LENS), KV_HEADS * GROUP, KV_HEADS, HEAD_SIZE, ws,
+        kernel="triton", **tiles.plan_overrides(),
+        **({} if segments is None else {"num_segments": segments, "min_segment_tokens": 1}),
+    )
+    out_dtype = torch.float16 if batch.query.dtype == torch.float16 else torch.bfloat16
+    out = torch.full(batch.query.shape, float("nan"), dtype=out_dtype)
+    sda.spec_decode_attention(
+        batch.query, batch.key_cache, batch.value_cache, out, batch.cu_seqlens_q,
+        batch.seq_lens, batch.block_table, batch.max_query_len, HEAD_SIZE**-0.5, ws, plan,
+        batch.k_scale_cache, batch.v_scale_cache, batch.q_descale, batch.k_descale,
+        batch.v_descale, tiles,
+    )
+    result = ref.compare(out, ref.reference(batch, HEAD_SIZE**-0.5), batch)
+    result["tile_n"] = plan.tile_n
+    result["segments"] = plan.num_segments
+    return result
+
+
+def test_widen_is_exact_for_every_int8_value(sda: Any) -> None:
+    """Both widenings of _widen, to bf16 and to fp16, give every int8 code's value."""
+    import triton
+    import triton.language as tl
+
+    # Decorated while _interpreted holds TRITON_INTERPRET=1: an interpreted kernel.
+    @triton.jit  # type: ignore[untyped-decorator]
+    def widen_kernel(src: Any, dst: Any, OUT_FP16: tl.constexpr,
+                     FAST_INT8: tl.constexpr) -> None:
+        offs = tl.arange(0, 256)
+        tl.store(dst + offs, _widen(tl.load(src + offs), OUT_FP16, FAST_INT8))
+
+    codes = torch.arange(-128, 128, dtype=torch.int8)
+    for out_dtype in (torch.bfloat16, torch.float16):
+        for fast in (True, False):
+            got = torch.empty(256, dtype=out_dtype)
+            widen_kernel[(1,)](codes, got, out_dtype == torch.float16, fast)
+            assert torch.equal(got.float(), codes.float()), (out_dtype, fast, got)
+
+
+@pytest.mark.parametrize("segments", SEGMENTS, ids=lambda s: f"seg{s or 'plan'}")
+@pytest.mark.parametrize("tile_n", TILE_NS)
+def test_int8_tile_plans_match_reference(sda: Any, tile_n: int, segments: int | None) -> None:
+    """Each tile of the grid with the widening an H200 takes (Triton's cast; the plan's
+    None, which use_fast_int8 resolves to the cast off sm_86)."""
+    batch = _batch("int8", seed=tile_n + (segments or 0))
+    tiles = sda.TilePlan(tile_n=tile_n)
+    assert not sda.use_fast_int8(tiles, torch.device("cpu"))
+    got = _run(sda, batch, tiles, segments)
+    assert got["tile_n"] == tile_n, got
+    assert got["unwritten_rows"] == 0 and got["rel_err"] < REL_ERR, got
+
+
+@pytest.mark.parametrize("tile_n", TILE_NS)
+def test_int8_bit_widening_matches_reference(sda: Any, tile_n: int) -> None:
+    """Each tile of the grid with _widen's bit arithmetic (what an sm_86 card takes)."""
+    batch = _batch("int8", seed=60 + tile_n)
+    got = _run(sda, batch, sda.TilePlan(tile_n=tile_n, fast_int8=True), 4)
+    assert got["unwritten_rows"] == 0 and got["rel_err"] < REL_ERR, got
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["bits", "cast"])
+def test_int8_with_fp16_queries(sda: Any, fast: bool) -> None:
+    """fp16 models: _widen's fp16 branch (0x6400 | u) and the plain cast."""
+    batch = _batch("int8/fp16", seed=3)
+    got = _run(sda, batch, sda.TilePlan(tile_n=64, fast_int8=fast), 4)
+    assert got["unwritten_rows"] == 0 and got["rel_err"] < REL_ERR, got
+
+
+@pytest.mark.parametrize(("tile_n", "fp8_qk"), [(32, True), (64, True), (128, True),
+                                                (64, False)])
+def test_fp8_tile_plans_match_reference(sda: Any, tile_n: int, fp8_qk: bool) -> None:
+    """Per-tensor fp8 with fp8 queries: Q.K on the e4m3 codes, or widened."""
+    batch = _batch("fp8", seed=40 + tile_n)
+    assert batch.query.dtype == ref.FP8 and batch.q_descale is not None
+    got = _run(sda, batch, sda.TilePlan(tile_n=tile_n, fp8_qk=fp8_qk), 4)
+    assert got["unwritten_rows"] == 0 and got["rel_err"] < REL_ERR, got
+
+
+def test_production_plans_are_the_table(sda: Any) -> None:
+    """Every cache family has an entry; the sweep's grid can express each of them."""
+    assert set(sda.TILE_PLANS) == {"16bit", "int8", "fp8"}
+    assert sda.TILE_PLANS["16bit"] == sda.TilePlan()  # bf16 keeps the planner's plan
+    for plan in sda.TILE_PLANS.values():
+        assert plan.tile_n in (None, *TILE_NS)
+    cases = {torch.int8: "int8", ref.FP8: "fp8", torch.bfloat16: "16bit"}
+    for dtype, family in cases.items():
+        assert sda.kv_family(torch.zeros(1, dtype=dtype)) == family
