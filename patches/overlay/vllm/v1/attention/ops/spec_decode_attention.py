@@ -126,18 +126,22 @@ class TilePlan:
 # Production tile plans per KV cache family (kv_family). Why each is what it is:
 # - "16bit": the planner's own defaults, which come from the H200 bf16 sweeps
 #   (qwen3090's benchmarks/spec_decode_attn.md); unchanged by issue 21.
-# - "int8": the planner's tiles, unmeasured for int8 so far (no GPU timing of an
-#   8-bit cache exists yet; `spec_decode_attn.py --sweep-8bit` measures the grid
-#   and is what should set these); the widening is use_fast_int8's per-arch
-#   choice (_widen's bit arithmetic below sm_90, Triton's own packed cast above).
-# - "fp8": the planner's tiles, likewise unmeasured; the fp8 Q.K MMA stays off
-#   until the sweep has compared its error and time with the widened path on a GPU
-#   (the interpreter computes fp8 products exactly, Hopper's fp8 MMA accumulates
-#   with fewer bits).
+# - "int8": 32-key chunks and 3 stages, warps left to the planner (4 below 128
+#   query rows, 8 from there). The H200 sweep (`spec_decode_attn.py --sweep-8bit`,
+#   batch 1, 16k-128k) found this the fastest at q = 8 (1.40x faster than the
+#   planner's 64-key, 2-stage tiles at 128k) and within 1 % of the fastest at
+#   q = 16; the 8-bit path sits at 255 registers and spills, so smaller chunks
+#   pay. The widening is use_fast_int8's per-arch choice (_widen's bit arithmetic
+#   below sm_90, Triton's own packed cast above). Not measured on an sm_86 card.
+# - "fp8": the planner's tiles with the fp8 Q.K MMA: the sweep measured it the
+#   fastest config at every context and q (1.6x at q = 8, 1.8x at q = 16 over the
+#   widened path at worst) at the same error against the float32 reference
+#   (2.3e-3 against 2.2e-3). It only acts where q and K are both e4m3
+#   (per-tensor fp8 caches with fp8 queries), which needs sm_89+.
 TILE_PLANS: dict[str, TilePlan] = {
     "16bit": TilePlan(),
-    "int8": TilePlan(),
-    "fp8": TilePlan(),
+    "int8": TilePlan(tile_n=32, num_stages=3),
+    "fp8": TilePlan(fp8_qk=True),
 }
 
 
