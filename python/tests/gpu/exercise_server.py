@@ -214,10 +214,23 @@ def jit_facts(lines: list[str]) -> dict[str, Any]:
     return {"monitor_active": facts.jit_monitor_active, "kernels": dict(facts.jit_kernels)}
 
 
+_CAPTURE = re.compile(r"Capturing CUDA graphs \((\w+)\):.*?\d+/(\d+) \[")
+
+
+def graph_captures(lines: list[str]) -> dict[str, int]:
+    """How many CUDA graphs the runner captured per mode (its progress bars' totals)."""
+    totals: dict[str, int] = {}
+    for line in lines:
+        for mode, total in _CAPTURE.findall(line):
+            totals[mode] = max(totals.get(mode, 0), int(total))
+    return totals
+
+
 def describe_log(lines: list[str]) -> dict[str, Any]:
     """What the record keeps of one server life's log."""
     return {"log": scan_log(lines), "log_tail": [line[:600] for line in lines[-60:]],
-            "wall": find_wall(lines), "pool": pool_numbers(lines), "jit": jit_facts(lines)}
+            "wall": find_wall(lines), "pool": pool_numbers(lines), "jit": jit_facts(lines),
+            "graphs": graph_captures(lines)}
 
 
 def exercise(rec: Attempt, base: str, key: str, spec: str) -> None:
@@ -437,6 +450,19 @@ DFLASH_TOKENS = 15
 LATER_LIFE_MIN_S = 90
 
 
+def resume_lives(rec: Record, earlier: dict[str, Any]) -> None:
+    """Carry the lives an earlier call served into this record, each marked with that call's
+    start; only a record of the same patch series may be resumed (the lives must have run the
+    same code)."""
+    digest = (rec.data.get("manifest") or {}).get("series_digest")
+    if digest is None or digest != (earlier.get("manifest") or {}).get("series_digest"):
+        raise SystemExit(f"--resume: the earlier record's series is not this tree's ({digest})")
+    kept = [{**a, "resumed_from_unix": earlier.get("started_unix")}
+            for a in earlier.get("attempts", []) if (a.get("health") or {}).get("ok")]
+    rec.set("attempts", kept)
+    rec.set("resumed_from_unix", earlier.get("started_unix"))
+
+
 def run_dflash2(args: argparse.Namespace, extra: str, deadline: float, rec: Record) -> None:
     """Up to three lives; each one the budget has no room for is recorded as skipped."""
     if args.draft is None:
@@ -453,7 +479,10 @@ def run_dflash2(args: argparse.Namespace, extra: str, deadline: float, rec: Reco
                         "dflash_tokens": DFLASH_TOKENS,
                         "drafter_config": json.loads((args.draft / "config.json").read_text()),
                         "copy_max_tokens": copy_task.COPY_MAX_TOKENS})
+    served = {a["label"] for a in rec.data.get("attempts", [])}
     for n, (label, knobs) in enumerate(DFLASH2_LIVES):
+        if label in served:  # kept from the --resume record
+            continue
         left = deadline - time.monotonic()
         if n and left < LATER_LIFE_MIN_S:
             rec.data["dflash2"]["skipped"].append(
@@ -534,18 +563,26 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=420)
     p.add_argument("--boot-timeout-s", type=float, default=300)
     p.add_argument("--base", type=Path, help="a JSON object to start the record from")
+    p.add_argument("--resume", type=Path, metavar="RECORD",
+                   help="--spec dflash2: keep the lives RECORD (an earlier call's result.json "
+                   "of the same series) served, and run only the others")
     p.add_argument("--rescan", type=Path, metavar="LOG",
                    help="only re-read LOG (a returned server log) into the last attempt of --out")
+    p.add_argument("--label", help="--rescan: the attempt LOG belongs to (default the last)")
     args = p.parse_args()
     if args.rescan:
         data = json.loads(args.out.read_text())
-        data["attempts"][-1].update(describe_log(last_life(args.rescan)))
-        data["attempts"][-1]["rescanned_from"] = args.rescan.name
+        attempt = next(a for a in reversed(data["attempts"])
+                       if args.label in (None, a["label"]))
+        attempt.update(describe_log(last_life(args.rescan)))
+        attempt["rescanned_from"] = args.rescan.name
         args.out.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
         return 0
     deadline = time.monotonic() + args.budget_s
     base = json.loads(args.base.read_text()) if args.base and args.base.exists() else {}
     rec = Record(args.out, {**base, "started_unix": int(time.time())})
+    if args.resume:
+        resume_lives(rec, json.loads(args.resume.read_text()))
     # TRITON_ATTN: FlashAttention-3's kernels do not travel (see serve_on_device.sh); the
     # Triton GDN prefill kernel instead of FlashInfer's, which is not on the machine.
     extra = "--attention-backend TRITON_ATTN --gdn-prefill-backend triton"

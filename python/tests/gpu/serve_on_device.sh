@@ -10,6 +10,9 @@
 #     BUDGET_S=390 bash .device/gpue2e/serve_on_device.sh
 #   or, for the DFlash2 lives (lookup off, lookup + adaptive block, lookup), call 2 is:
 #     SPEC=dflash2 BUDGET_S=420 bash .device/gpue2e/serve_on_device.sh
+#   a life whose cold boot outgrew its call is run alone in a later call, the lives served
+#   earlier carried over from that call's record (same series only):
+#     SPEC=dflash2 RESUME=.device/gpue2e/earlier.json BOOT_TIMEOUT_S=420 BUDGET_S=500 ...
 # It unpacks the rest, records the machine and the imports, adds the MTP head to the demo
 # model (SPEC=mtp) or a looping LM head and a random DFlash2 drafter (SPEC=dflash2), serves it
 # through `qwen3090 serve` with CUDA graphs (exercise_server.py) and writes $OUT/result.json
@@ -131,6 +134,7 @@ fi
 # 4. serve, exercise, SIGINT; the record and the log come back
 "$PY" "$BUNDLE/exercise_server.py" --model "$MODEL" --out "$OUT/result.json" \
   --log "$WORK/server.log" --spec "$SPEC" --budget-s "$BUDGET_S" --base "$BASE" \
+  --boot-timeout-s "${BOOT_TIMEOUT_S:-300}" ${RESUME:+--resume "$RESUME"} \
   ${DRAFT_ARGS[@]+"${DRAFT_ARGS[@]}"}
 rc=$?
 # Each attempt's log comes back whole when it is small, else its head and tail.
