@@ -116,7 +116,9 @@ def doc_citations(text: str) -> set[str]:
 
 def resolves(token: str, citing: Path, root: Path) -> bool:
     docs = root / "python" / "docs"
-    bases = [citing.parent, *[p for p in citing.parents if root in (p, *p.parents)], docs]
+    # python/ too: the vLLM overlay's comments cite "qwen3090's benchmarks/..." from there.
+    bases = [citing.parent, *[p for p in citing.parents if root in (p, *p.parents)], docs,
+             root / "python"]
     return any((base / token).is_file() for base in bases)
 
 
