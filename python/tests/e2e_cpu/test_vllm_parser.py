@@ -80,9 +80,37 @@ def test_stock_flag_table_matches_the_parser(vllm_parser: argparse.ArgumentParse
         assert action is not None, f"{flag} is not a vLLM 0.28.0 flag"
         for value in sorted(values or ()):
             assert _parses(vllm_parser, ["m", flag, value]) is not None, (flag, value)
-    # The KVarN cache dtype is not stock: only a patch can provide it.
-    kvarn = NEEDS["--kv-cache-dtype=kvarn_k4v2_g128"]
-    assert _parses(vllm_parser, ["m", "--kv-cache-dtype", kvarn.name.split("=")[1]]) is None
+
+
+# Parses ``--kv-cache-dtype VALUE`` with the tree's own serve parser; prints ok or refused.
+_PARSE_KV_DTYPE = """
+import sys
+from vllm.entrypoints.openai.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser())
+try:
+    parser.parse_args(["m", "--kv-cache-dtype", sys.argv[1]])
+    print("ok")
+except SystemExit:
+    print("refused")
+"""
+
+
+def test_the_kvarn_cache_dtype_comes_from_the_series(
+    pristine_cpu_tree: Path, patched_cpu_tree: Path
+) -> None:
+    # Stock 0.28.0 refuses it (so the planner may only emit it where a patch provides it);
+    # the series' kvarn-cache-spec.patch adds it to the parser. The installed vLLM is patched
+    # (python/dev.sh), so each side runs in its own tree.
+    from tests.support.patchtrees import run_in_tree
+
+    value = NEEDS["--kv-cache-dtype=kvarn_k4v2_g128"].name.split("=")[1]
+    seen = {}
+    for name, tree in (("pristine", pristine_cpu_tree), ("patched", patched_cpu_tree)):
+        done = run_in_tree(tree, _PARSE_KV_DTYPE, args=(value,))
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen[name] = done.stdout.strip().splitlines()[-1]
+    assert seen == {"pristine": "refused", "patched": "ok"}
 
 
 def test_stock_json_keys_match_vllm_configs() -> None:
