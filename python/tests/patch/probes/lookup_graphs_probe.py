@@ -22,10 +22,10 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
+from _dflash_stand_in import stand_in_init
 
 K = 15
 MAX_REQS = 4
@@ -60,18 +60,8 @@ def extra_lens(config: Any) -> tuple[int, ...] | None:
     if not hasattr(GPUModelRunner, "lookup_decode_query_lens"):
         return None
 
-    def base_init(self: Any, vllm_config: Any, device: torch.device) -> None:
-        self.vllm_config = vllm_config
-        self.device = device
-        self.num_speculative_steps = K
-        self.num_query_per_req = K + 1
-        self.max_num_reqs = MAX_REQS
-        self.draft_model_config = SimpleNamespace(
-            hf_config=SimpleNamespace(dflash_config={"selector_top_k": 4}))
-        self.draft_tokens = torch.zeros(MAX_REQS, K, dtype=torch.int64)
-        self.draft_logits = None
-
-    DFlashSpeculator.__init__ = base_init  # type: ignore[method-assign]
+    DFlashSpeculator.__init__ = stand_in_init(  # type: ignore[method-assign,assignment]
+        K, MAX_REQS)
     runner: Any = object.__new__(GPUModelRunner)
     runner.speculator = DFlash2Speculator(config, torch.device("cpu"))
     runner.num_speculative_steps = K

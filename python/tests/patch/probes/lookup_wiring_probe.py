@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from _dflash_stand_in import stand_in_init
 
 K = 15
 MAX_REQS = 4
@@ -64,25 +65,14 @@ def main() -> None:
         return
     cpu = torch.device("cpu")
 
-    def base_init(self: Any, vllm_config: Any, device: torch.device) -> None:
-        self.vllm_config = vllm_config
-        self.device = device
-        self.num_speculative_steps = K
-        self.num_query_per_req = K + 1
-        self.max_num_reqs = MAX_REQS
-        self.draft_model_config = SimpleNamespace(
-            hf_config=SimpleNamespace(dflash_config={"selector_top_k": 4}))
-        self.draft_tokens = torch.zeros(MAX_REQS, K, dtype=torch.int64)
-        self.draft_logits = (torch.zeros(MAX_REQS, K, 8) if mode == "probabilistic"
-                             else None)
-
     def draft_pass(self: Any, input_batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         n = input_batch.num_reqs
         self.draft_tokens[:n] = DRAFTER
         drafts: torch.Tensor = self.draft_tokens[:n]
         return drafts
 
-    DFlashSpeculator.__init__ = base_init  # type: ignore[method-assign]
+    DFlashSpeculator.__init__ = stand_in_init(  # type: ignore[method-assign,assignment]
+        K, MAX_REQS, 8 if mode == "probabilistic" else None)
     DFlashSpeculator.propose = draft_pass  # type: ignore[method-assign]
     config = SimpleNamespace(
         scheduler_config=SimpleNamespace(async_scheduling=mode == "async"))
