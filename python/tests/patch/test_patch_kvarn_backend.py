@@ -109,7 +109,7 @@ def _exact_streams(record: dict[str, Any]) -> list[dict[str, tuple[torch.Tensor,
     v_now: dict[str, torch.Tensor] = {}
     out = []
     for step, batch in enumerate(record["steps"]):
-        for r, (first, n) in batch.items():
+        for r, (first, _) in batch.items():
             k_old = k_now.get(r, torch.zeros(0, *record["keys"][step][r].shape[1:]))
             v_old = v_now.get(r, torch.zeros(0, *record["values"][step][r].shape[1:]))
             k_now[r] = torch.cat([k_old[:first], record["keys"][step][r].float()])

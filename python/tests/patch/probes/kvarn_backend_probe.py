@@ -112,7 +112,7 @@ def stream_section(path: str) -> dict[str, Any]:
     config = VllmConfig()
     config.scheduler_config.max_num_seqs = MAX_NUM_SEQS
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
-                             dtype=torch.uint8, kv_quant_mode=KVQuantMode.KVARN_K4V2_G128)
+                             dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
     with set_current_vllm_config(config):
         backend = KVarNAttentionBackend
         builder = backend.get_builder_cls()(spec, ["layer.0"], config, torch.device("cpu"))

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -88,7 +88,8 @@ class KVarNAttentionBackend(AttentionBackend):
     accept_output_buffer: bool = True
     forward_includes_kv_cache_update: bool = True
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
-    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [kvarn.CACHE_DTYPE]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
+        cast(CacheDType, kvarn.CACHE_DTYPE)]
 
     @staticmethod
     def get_name() -> str:
@@ -340,9 +341,11 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         kvarn.HeadTileLayout(head_size)  # refuses a head size the layout cannot hold
 
         config = get_current_vllm_config()
-        device = torch.device(config.device_config.device)
+        device = torch.device(config.device_config.device or "cpu")
         max_num_seqs = config.scheduler_config.max_num_seqs
-        dtype = config.model_config.dtype if config.model_config else torch.bfloat16
+        # The staging rows hold K/V as the model computes them.
+        model_dtype = config.model_config.dtype if config.model_config else None
+        dtype = model_dtype if isinstance(model_dtype, torch.dtype) else torch.bfloat16
         rows = (stage_entries(max_num_seqs) + 1) * TILE
         self.stage_k = torch.empty(rows, self.num_kv_heads, head_size, dtype=dtype,
                                    device=device)
