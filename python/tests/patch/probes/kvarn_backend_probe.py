@@ -5,8 +5,9 @@ Sections (each reports the exception text where the tree refuses):
 - ``selector``: ``get_attn_backend`` on this (CPU) platform for kvarn and auto; CUDA's candidate
   list (``CudaPlatformBase.get_valid_backends``, no GPU needed) on sm86 and sm90 for kvarn,
   auto and fp8: the valid backends and what each refused kvarn for.
-- ``stream``: with ``argv[1]`` a file to write, the backend on the CPU (Triton interpreter,
-  TRITON_INTERPRET=1 in the environment) over the steps of ``STEPS``: each step builds the
+- ``stream``: with ``argv[1]`` a file to write, the backend over the steps of ``STEPS`` on
+  ``argv[2]`` (default cpu: the Triton interpreter, TRITON_INTERPRET=1 in the environment;
+  cuda: the compiled kernels, for the GPU tier): each step builds the
   metadata with the real builder from a CommonAttentionMetadata and runs forward for one
   layer; the file gets the inputs, each step's outputs and a copy of the cache after it.
 """
@@ -24,19 +25,23 @@ KV_HEADS, HEADS, HEAD_SIZE = 2, 4, 64
 BLOCK = 256  # two tiles a block
 NUM_BLOCKS = 14
 MAX_NUM_SEQS = 4
-# One step = {request: (first new position, new tokens)}; a request's first step starts at 0.
+# One step = {request: (first new position, new tokens)}; a request's first step starts at 0,
+# its blocks go back to the pool after its last step.
 # "a": a 250-token prompt (tile 0 full, tile 1 open at 122 rows), then decodes across 256.
 # "b": a 126-token prompt, a verify step crossing 128 (126..129), rolled back to 127 (only
-#   one token accepted: tile 0 must still hold its exact rows), then decodes.
-# "c": arrives late with a 300-token prompt (a tile quantized straight from the chunk) after
-#   "a" has finished, so it reuses entries "a" left.
+#   one token accepted: tile 0 must still hold its exact rows), then decodes; it is left
+#   unscheduled for one step while "c" and "d" open four tiles, and then continues its open
+#   tile (entries are reused least recently claimed first).
+# "c" and "d" arrive after "a" has finished (they reuse entries it left): "c" with a 300-token
+#   prompt (tile 1 quantized straight from the chunk), "d" with 200.
 STEPS: list[dict[str, tuple[int, int]]] = [
     {"a": (0, 250), "b": (0, 126)},
     {"a": (250, 1), "b": (126, 4)},
     {"a": (251, 1), "b": (127, 4)},
     *({"a": (252 + i, 1), "b": (131 + i, 1)} for i in range(6)),
-    {"b": (137, 1), "c": (0, 300)},
-    {"b": (138, 1), "c": (300, 1)},
+    {"b": (137, 1)},
+    {"c": (0, 300), "d": (0, 200)},
+    {"b": (138, 1), "c": (300, 1), "d": (200, 1)},
 ]
 
 
@@ -84,7 +89,7 @@ def selector_section() -> dict[str, Any]:
     return out
 
 
-def stream_section(path: str) -> dict[str, Any]:
+def stream_section(path: str, device_name: str) -> dict[str, Any]:
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -92,6 +97,7 @@ def stream_section(path: str) -> dict[str, Any]:
     from vllm.v1.attention.ops import kvarn
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
 
+    device = torch.device(device_name)
     gen = torch.Generator().manual_seed(0)
     offset = {r: 2.0 * torch.randn(1, KV_HEADS, HEAD_SIZE, generator=gen)
               for s in STEPS for r in s}
@@ -115,20 +121,21 @@ def stream_section(path: str) -> dict[str, Any]:
                              dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
     with set_current_vllm_config(config):
         backend = KVarNAttentionBackend
-        builder = backend.get_builder_cls()(spec, ["layer.0"], config, torch.device("cpu"))
+        builder = backend.get_builder_cls()(spec, ["layer.0"], config, device)
         impl = backend.get_impl_cls()(HEADS, HEAD_SIZE, HEAD_SIZE ** -0.5, KV_HEADS,
                                       kv_cache_dtype=DTYPE)
     cache = torch.full(backend.get_kv_cache_shape(NUM_BLOCKS, BLOCK, KV_HEADS, HEAD_SIZE),
-                       0xFF, dtype=torch.uint8)
+                       0xFF, dtype=torch.uint8, device=device)
     # Block 0 is vLLM's null block; the others are handed out out of order.
     free = torch.randperm(NUM_BLOCKS - 1, generator=gen).add(1).tolist()
     owned: dict[str, list[int]] = {}
     record: dict[str, Any] = {"steps": STEPS, "keys": keys, "values": values,
                               "queries": queries, "outputs": [], "caches": [],
-                              "block_tables": [], "block": BLOCK}
+                              "block_tables": [], "block": BLOCK, "device": str(device)}
+    last = {r: i for i, s in enumerate(STEPS) for r in s}
     for step, batch in enumerate(STEPS):
         for r in list(owned):
-            if r not in batch:  # finished: its blocks go back to the pool
+            if last[r] < step:  # finished: its blocks go back to the pool
                 free.extend(owned.pop(r))
         reqs = list(batch)
         for r in reqs:
@@ -144,19 +151,20 @@ def stream_section(path: str) -> dict[str, Any]:
         qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
         tokens = int(qsl[-1])
         cam = CommonAttentionMetadata(
-            query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens,
+            query_start_loc=qsl.to(device), query_start_loc_cpu=qsl,
+            seq_lens=seq_lens.to(device),
             num_reqs=len(reqs), num_actual_tokens=tokens, max_query_len=max(q_lens),
-            max_seq_len=int(seq_lens.max()), block_table_tensor=table,
-            slot_mapping=torch.zeros(tokens, dtype=torch.int64))
+            max_seq_len=int(seq_lens.max()), block_table_tensor=table.to(device),
+            slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device))
         md = builder.build(0, cam)
-        key = torch.cat([keys[step][r] for r in reqs])
-        value = torch.cat([values[step][r] for r in reqs])
-        query = torch.cat([queries[step][r] for r in reqs])
-        output = torch.full((tokens, HEADS * HEAD_SIZE), float("nan"))
+        key = torch.cat([keys[step][r] for r in reqs]).to(device)
+        value = torch.cat([values[step][r] for r in reqs]).to(device)
+        query = torch.cat([queries[step][r] for r in reqs]).to(device)
+        output = torch.full((tokens, HEADS * HEAD_SIZE), float("nan"), device=device)
         impl.forward(None, query.view(tokens, -1), key.reshape(tokens, -1),  # type: ignore[arg-type]
                      value.reshape(tokens, -1), cache, md, output)
-        record["outputs"].append(output.view(tokens, HEADS, HEAD_SIZE).clone())
-        record["caches"].append(cache.clone())
+        record["outputs"].append(output.view(tokens, HEADS, HEAD_SIZE).cpu())
+        record["caches"].append(cache.to("cpu", copy=True))  # a snapshot, also on the CPU
         record["block_tables"].append({r: list(owned[r]) for r in reqs})
     torch.save(record, path)
     return {"steps": len(STEPS), "tile_bytes": kvarn.head_tile_bytes(HEAD_SIZE),
@@ -166,7 +174,8 @@ def stream_section(path: str) -> dict[str, Any]:
 def main() -> None:
     result: dict[str, Any] = {"selector": selector_section()}
     if len(sys.argv) > 1:
-        result["stream"] = attempt(lambda: stream_section(sys.argv[1]))
+        device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+        result["stream"] = attempt(lambda: stream_section(sys.argv[1], device))
     report(result)
 
 

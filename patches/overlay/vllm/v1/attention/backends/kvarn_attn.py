@@ -204,14 +204,18 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         entry_b = torch.where(two, entry[:, 1], entry_a)
 
         # New tokens of tile a or b go to their entry's row; others to scratch.
-        req_of = torch.repeat_interleave(
-            torch.arange(reqs, device=qsl.device), q_len, output_size=tokens)
-        pos = pre[req_of] + torch.arange(tokens, device=qsl.device) - qsl[req_of]
+        # (searchsorted, not repeat_interleave: a token past the last query,
+        # padding, finds no request and goes to scratch too.)
+        token = torch.arange(tokens, device=qsl.device)
+        req_of = torch.searchsorted(qsl[1:], token, right=True)
+        in_req = req_of < reqs
+        req_of = req_of.clamp(max=max(reqs - 1, 0))
+        pos = pre[req_of] + token - qsl[req_of]
         tile = pos // TILE
         row = pos % TILE
         stage_dst = torch.where(
-            tile == tile_a[req_of], entry_a[req_of] * TILE + row,
-            torch.where(tile == tile_b[req_of], entry_b[req_of] * TILE + row,
+            in_req & (tile == tile_a[req_of]), entry_a[req_of] * TILE + row,
+            torch.where(in_req & (tile == tile_b[req_of]), entry_b[req_of] * TILE + row,
                         self.entries * TILE))
 
         # Re-quantize tiles a and b from staging: their rows so far, this
