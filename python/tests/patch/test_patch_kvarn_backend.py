@@ -112,6 +112,17 @@ def test_pristine_vllm_does_not_know_the_dtype(pristine_cpu_tree: Path) -> None:
     assert "KVARN" not in selector[f"cuda_sm90_{DTYPE}"]["ok"]["invalid"]
 
 
+def test_a_continued_tile_whose_rows_were_reused_is_counted(patched_cpu_tree: Path,
+                                                           stream: dict[str, Any]) -> None:
+    """The documented limit: at max_num_seqs 1 (4 staging entries) a request left unscheduled
+    while four tiles open loses its open tile's exact rows; the builder counts it. The stream,
+    where entries suffice, loses none."""
+    starved = Tree(kind="patched", path=patched_cpu_tree).probe(PROBE)["starved"]["ok"]
+    assert starved == {"entries": 4, "lost_after_step": [0, 0, 0, 0, 1]}
+    if "result" in stream:  # a GPU record carries no probe result
+        assert stream["result"]["stream"]["ok"]["lost_tiles"] == 0
+
+
 def _exact_streams(record: dict[str, Any]) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """Each step's exact K/V per request after it: a step overwrites its positions and cuts
     what lay past them (a rolled-back verify)."""

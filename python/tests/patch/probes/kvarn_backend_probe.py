@@ -168,11 +168,53 @@ def stream_section(path: str, device_name: str) -> dict[str, Any]:
         record["block_tables"].append({r: list(owned[r]) for r in reqs})
     torch.save(record, path)
     return {"steps": len(STEPS), "tile_bytes": kvarn.head_tile_bytes(HEAD_SIZE),
-            "staging_rows": int(impl.stage_k.shape[0]), "entries": builder.entries}
+            "staging_rows": int(impl.stage_k.shape[0]), "entries": builder.entries,
+            "lost_tiles": int(builder.lost_tiles)}
+
+
+def common_metadata(batch: dict[str, tuple[int, int]], blocks: dict[str, list[int]]) -> Any:
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    reqs = list(batch)
+    q_lens = [batch[r][1] for r in reqs]
+    seq_lens = torch.tensor([sum(batch[r]) for r in reqs], dtype=torch.int32)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    table = torch.tensor([blocks[r] for r in reqs], dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens,
+        num_reqs=len(reqs), num_actual_tokens=int(qsl[-1]), max_query_len=max(q_lens),
+        max_seq_len=int(seq_lens.max()), block_table_tensor=table,
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64))
+
+
+def starved_section() -> dict[str, Any]:
+    """The builder alone at max_num_seqs 1 (4 entries), one request a step: "p" keeps a tile
+    open, is left unscheduled while two prompts open two tiles each (the second takes p's
+    entry, least recently claimed), then continues it. Its rows are gone; the builder's
+    lost-tile count says so (kvarn_attn.py's documented limit)."""
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.kvarn_attn import KVarNMetadataBuilder
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
+
+    config = VllmConfig()
+    config.scheduler_config.max_num_seqs = 1
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
+                             dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
+    builder = KVarNMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
+    blocks = {"p": [1], "q": [2], "r": [3], "s": [4]}
+    lost = []
+    for batch in ({"p": (0, 100)}, {"p": (100, 1)}, {"q": (0, 130)}, {"r": (0, 130)},
+                  {"p": (101, 1)}):
+        builder.build(0, common_metadata(batch, blocks))
+        lost.append(int(builder.lost_tiles))
+    return {"entries": builder.entries, "lost_after_step": lost}
 
 
 def main() -> None:
-    result: dict[str, Any] = {"selector": selector_section()}
+    result: dict[str, Any] = {"selector": selector_section(),
+                              "starved": attempt(starved_section)}
     if len(sys.argv) > 1:
         device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
         result["stream"] = attempt(lambda: stream_section(sys.argv[1], device))

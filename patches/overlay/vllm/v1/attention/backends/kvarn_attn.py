@@ -174,7 +174,13 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         self._keys = torch.full((entries + 1,), -1, dtype=torch.int64, device=device)
         self._stamp = torch.zeros(entries + 1, dtype=torch.int64, device=device)
         self._stamp[entries] = _NEVER_STAMP
+        # Rows each entry holds for its tile after the last step it was claimed.
+        self._rows = torch.zeros(entries + 1, dtype=torch.int64, device=device)
         self._step = 0
+        # Continued tiles whose exact rows were gone (an entry reused while its
+        # request was unscheduled): re-quantized from stale rows. Read it (a
+        # device sync) where a log can afford it; it should stay 0.
+        self.lost_tiles = torch.zeros((), dtype=torch.int64, device=device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> KVarNMetadata:
@@ -199,9 +205,14 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         two = tile_b != tile_a
         key_a = torch.where(live, slot(tile_a), -1)
         key_b = torch.where(live & two, slot(tile_b), -1)
-        entry = self._claim(torch.stack([key_a, key_b], 1).reshape(-1)).view(reqs, 2)
+        entry, found = self._claim(torch.stack([key_a, key_b], 1).reshape(-1))
+        entry = entry.view(reqs, 2)
         entry_a = entry[:, 0]
         entry_b = torch.where(two, entry[:, 1], entry_a)
+        # Tile a continues: its first pre - start rows must be staged already.
+        kept = pre - tile_a * TILE
+        lost = live & (kept > 0) & (~found.view(reqs, 2)[:, 0] | (self._rows[entry_a] < kept))
+        self.lost_tiles += lost.sum()
 
         # New tokens of tile a or b go to their entry's row; others to scratch.
         # (searchsorted, not repeat_interleave: a token past the last query,
@@ -229,6 +240,9 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
                                   torch.where(live & two, len_b, 1)], 1)
         staged_slot = torch.stack([torch.where(live, key_a, null),
                                    torch.where(live & two, key_b, null)], 1)
+        self._rows.index_copy_(0, (staged_src // TILE).reshape(-1),
+                               torch.where(staged_slot > 0, staged_len, 0).reshape(-1))
+        self._rows[self.entries] = 0
 
         # Whole tiles strictly between a and b: at most q_len // 128 a request,
         # a bound the host knows exactly (query lengths are never optimistic).
@@ -266,8 +280,9 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
             direct_slot=direct_slot.long(),
         )
 
-    def _claim(self, keys: torch.Tensor) -> torch.Tensor:
-        """Staging entry of each tile slot key (-1: none, the scratch entry).
+    def _claim(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Staging entry of each tile slot key (-1: none, the scratch entry), and
+        whether the key already had one.
 
         A key already in the table keeps its entry; a new key takes the
         unclaimed entry claimed longest ago. Fixed-shape ops only: no sync."""
@@ -287,7 +302,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         self._stamp.index_copy_(0, entry64, torch.full_like(keys, self._step))
         self._keys[self.entries] = -1
         self._stamp[self.entries] = _NEVER_STAMP
-        return entry64
+        return entry64, found
 
 
 @dataclass
