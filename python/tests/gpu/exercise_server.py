@@ -15,12 +15,18 @@ test_serve_dflash2.py (SPEC=dflash2) read the record.
 SPEC=dflash2 runs up to three server lives with the DFlash2 drafter (dflash2_drafter.py), one
 per lookup setting (DFLASH2_LIVES), each running the same greedy copy task (copy_task.py), as
 long as the budget leaves room for another life; the lives it had no time for are recorded.
+
+--kv kvarn (issue 24) serves one life without a speculator on the KVarN cache
+(``--kv-cache-dtype kvarn_k4v2_g128``, KVARN_ARGS: the planner still refuses KV=kvarn, so the
+flags travel in EXTRA_ARGS, where the last of a flag wins): the MTP tier's steps, then a long
+greedy completion whose logprobs must stay finite (kvarn_steps).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import secrets
@@ -59,6 +65,7 @@ LOG_PATTERNS = {
     "probe": r"gpue2e-probe: ",
     "dflash2": r"DFlash2|dflash2|DFLASH2",
     "lookup": r"lookup drafting|VLLM_DFLASH2_LOOKUP",
+    "kvarn": r"KVARN|KVarN|kvarn",
     "jit_after_warmup": r"Triton kernel JIT compilation during inference",
     "errors": r"Traceback|Error|error:|RuntimeError|ImportError|ModuleNotFound",
 }
@@ -317,6 +324,50 @@ def exercise(rec: Attempt, base: str, key: str, spec: str) -> None:
     })
 
 
+# The KVarN life's engine flags: the kvarn dtype, its backend named (the plan's own
+# --attention-backend would refuse the dtype) and attention blocks of one 128-token tile
+# (the hybrid alignment raises them to the mamba page's multiple).
+KVARN_ARGS = ("--attention-backend KVARN --kv-cache-dtype kvarn_k4v2_g128 --block-size 128 "
+              "--gdn-prefill-backend triton")
+
+
+def kvarn_steps(rec: Attempt, base: str, key: str, spec: str) -> None:
+    """The KVarN life: the MTP tier's steps, then prompts that close and open tiles.
+
+    Each prompt is several 128-token tiles long and is decoded greedily far enough to close
+    the open tile; every sampled token's logprob must be finite (a NaN from a never-written
+    slot or a fully masked chunk would surface here), and the same prompt twice (the second
+    from the prefix cache's tiles) must decode the same tokens."""
+    exercise(rec, base, key, spec)
+    runs = []
+    for n, lines in enumerate((40, 90, 170)):
+        prompt = " ".join(f"entry {i} of list {n}: the bridge holds." for i in range(lines))
+        outs = []
+        for _ in range(2):
+            s, out = request(base, "/v1/completions", {
+                "model": SERVED, "prompt": prompt, "max_tokens": 160, "temperature": 0,
+                "ignore_eos": True, "logprobs": 1,
+            }, key)
+            if s != 200:
+                outs.append({"status": s, "error": str(out)[:800]})
+                continue
+            choice = out["choices"][0]
+            lps = [x for x in choice["logprobs"]["token_logprobs"] if x is not None]
+            outs.append({
+                "status": s,
+                "prompt_tokens": out["usage"]["prompt_tokens"],
+                "completion_tokens": out["usage"]["completion_tokens"],
+                "logprobs": len(lps),
+                "nonfinite_logprobs": sum(1 for x in lps if not math.isfinite(x)),
+                "min_logprob": min(lps) if lps else None,
+                "text": choice["text"],
+            })
+        same = len(outs) == 2 and all(o["status"] == 200 for o in outs) and (
+            outs[0]["text"] == outs[1]["text"])
+        runs.append({"runs": outs, "repeat_identical": same})
+    rec.set("kvarn_long", runs)
+
+
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts_total",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
@@ -560,6 +611,8 @@ def main() -> int:
     p.add_argument("--log", type=Path, required=True)
     p.add_argument("--spec", default="mtp")
     p.add_argument("--draft", type=Path, help="the DFlash2 drafter (--spec dflash2)")
+    p.add_argument("--kv", choices=("default", "kvarn"), default="default",
+                   help="kvarn: one life on the KVarN cache (KVARN_ARGS), --spec off only")
     p.add_argument("--budget-s", type=float, default=420)
     p.add_argument("--boot-timeout-s", type=float, default=300)
     p.add_argument("--base", type=Path, help="a JSON object to start the record from")
@@ -570,6 +623,8 @@ def main() -> int:
                    help="only re-read LOG (a returned server log) into the last attempt of --out")
     p.add_argument("--label", help="--rescan: the attempt LOG belongs to (default the last)")
     args = p.parse_args()
+    if args.kv == "kvarn" and args.spec != "off":
+        p.error(f"--kv kvarn serves without a speculator: got --spec {args.spec}, want off")
     if args.rescan:
         data = json.loads(args.out.read_text())
         attempt = next(a for a in reversed(data["attempts"])
@@ -586,6 +641,11 @@ def main() -> int:
     # TRITON_ATTN: FlashAttention-3's kernels do not travel (see serve_on_device.sh); the
     # Triton GDN prefill kernel instead of FlashInfer's, which is not on the machine.
     extra = "--attention-backend TRITON_ATTN --gdn-prefill-backend triton"
+    if args.kv == "kvarn":
+        serve_once(args, "off", KVARN_ARGS, deadline, rec.attempt("kv=kvarn spec=off"),
+                   work=kvarn_steps)
+        rec.set("finished_unix", int(time.time()))
+        return 0
     if args.spec == "dflash2":
         run_dflash2(args, extra, deadline, rec)
         rec.set("finished_unix", int(time.time()))

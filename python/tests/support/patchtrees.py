@@ -82,15 +82,21 @@ def patched_tree(artifact: str, patches_dir: Path = PATCHES_DIR) -> Path:
     return tree
 
 
-def series_without(patch: str, workdir: Path) -> Path:
-    """A copy of patches/ under ``workdir`` without ``patch`` (the file and its series line):
-    pass it to ``patched_tree`` for the tree a patch's test compares against."""
+def series_without(dropped: str | Sequence[str], workdir: Path) -> Path:
+    """A copy of patches/ under ``workdir`` without the ``dropped`` patch file(s): their
+    series lines and the overlay files their headers add go too. Pass it to
+    ``patched_tree`` for the tree a patch's test compares against."""
+    names = (dropped,) if isinstance(dropped, str) else tuple(dropped)
     patches = workdir / "patches"
     shutil.copytree(PATCHES_DIR, patches)
-    (patches / patch).unlink()
+    overlay = patches / patchtool.OVERLAY_NAME
+    for name in names:
+        for added in patchtool.load_patch(patches / name).header.adds:
+            (overlay / added).unlink()
+        (patches / name).unlink()
     series = patches / patchtool.SERIES_NAME
     lines = series.read_text(encoding="utf-8").splitlines(keepends=True)
-    series.write_text("".join(x for x in lines if x.strip() != patch), encoding="utf-8")
+    series.write_text("".join(x for x in lines if x.strip() not in names), encoding="utf-8")
     return patches
 
 

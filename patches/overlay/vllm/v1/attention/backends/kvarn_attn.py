@@ -1,0 +1,439 @@
+# SPDX-License-Identifier: Apache-2.0
+# qwen3090 patch kvarn-backend: the KVarN attention backend (issue 24) over the
+# tiles of vllm/v1/attention/ops/kvarn.py (--kv-cache-dtype kvarn_k4v2_g128).
+#
+# Store then attend. Each forward first writes this step's K/V into the
+# cache, then runs kvarn's split-KV attention over the cache for every query
+# (decode, verify and prefill chunks alike: the kernel is causal within a
+# request's queries), so there is one attention path and it reads only tiles.
+#
+# The open tile. store_tiles quantizes a tile from its full-precision rows, and
+# a request's last tile fills over many steps. Its rows are kept at full
+# precision in a per-layer staging buffer of E entries x 128 rows (E =
+# STAGE_ENTRIES_PER_SEQ x max_num_seqs, plus one scratch entry), and the open
+# tile is re-quantized whole from them whenever it grows: the cache always
+# holds exactly what quantizing the rows so far gives, and a tile that closes
+# is quantized from all its 128 exact rows. Tiles a prefill chunk covers whole
+# are quantized straight from the chunk and never staged.
+#
+# Entries are keyed by the tile's physical slot (block id x tiles per block +
+# tile), not by request: vLLM hands the backend no request identity, and a
+# tile that is still filling sits in a block only its request owns (prefix
+# caching shares full blocks only). A step touches at most two tiles of a
+# request that need their rows later: the tile holding its first new position
+# (continued) and the tile holding its last (opened). A verify step can cross
+# a tile boundary and then be rolled back, so the first tile keeps its entry
+# while the request's first new position is still in it. Unclaimed entries are
+# reused least recently claimed first, so an entry survives any request that
+# goes unscheduled for a few steps (python/docs/kvarn.md, "the open tile").
+#
+# The builder resolves the entries once a step for every layer of its group
+# with fixed-shape tensor ops (no host sync); forward allocates nothing: the
+# staging buffers and the split partials are allocated once, at model
+# construction, where vLLM's memory profiler counts them with the weights
+# (gotcha 17). Segment counts are fixed per path (decode/verify: a constant;
+# prefill: one), so no context length reaches a compile-time constant and the
+# grid does not depend on the context (gotcha 45).
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+import torch
+
+from vllm.config import get_current_vllm_config
+from vllm.config.cache import CacheDType
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadata,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.attention.ops import kvarn
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+TILE = kvarn.TILE_TOKENS
+# Staging entries per max_num_seqs: two tiles a step per request, twice over
+# so that an unscheduled request's entries outlive others' new tiles.
+STAGE_ENTRIES_PER_SEQ = 4
+# Queries per request up to which a batch takes the split (decode/verify)
+# plan; a longer query is a prefill chunk and takes one segment per query
+# tile, its parallelism coming from the query tiles.
+SPLIT_QUERY_MAX = 16
+SPLIT_SEGMENTS = 32
+_NEVER_STAMP = torch.iinfo(torch.int64).max
+
+
+def stage_entries(max_num_seqs: int) -> int:
+    return STAGE_ENTRIES_PER_SEQ * max_num_seqs
+
+
+def workspace_floats(max_num_seqs: int, max_num_batched_tokens: int, num_heads: int,
+                     head_size: int) -> int:
+    """fp32 elements of the split partials (acc; the (m, l) pairs come on top)."""
+    split = max_num_seqs * SPLIT_QUERY_MAX * SPLIT_SEGMENTS
+    return max(split, max_num_batched_tokens) * num_heads * head_size
+
+
+class KVarNAttentionBackend(AttentionBackend):
+    """Attention over kvarn_k4v2_g128 tiles; the only backend that reads them."""
+
+    accept_output_buffer: bool = True
+    forward_includes_kv_cache_update: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
+        cast(CacheDType, kvarn.CACHE_DTYPE)]
+
+    @staticmethod
+    def get_name() -> str:
+        return "KVARN"
+
+    @staticmethod
+    def get_impl_cls() -> type[KVarNAttentionImpl]:
+        return KVarNAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[KVarNMetadataBuilder]:
+        return KVarNMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = kvarn.CACHE_DTYPE,
+    ) -> tuple[int, ...]:
+        # uint8 [blocks, tiles, kv heads, head tile bytes]: exactly the
+        # spec's page_bytes per block (kvarn-cache-spec.patch).
+        return kvarn.cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return [MultipleOf(TILE)]
+
+    @classmethod
+    def supports_kv_cache_dtype(cls, kv_cache_dtype: CacheDType | None) -> bool:
+        return kv_cache_dtype == kvarn.CACHE_DTYPE
+
+    @classmethod
+    def supports_head_size(cls, head_size: int) -> bool:
+        # The Hadamard rotation and the 2-bit packing (kvarn.HeadTileLayout).
+        return head_size >= 64 and head_size & (head_size - 1) == 0
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+
+@dataclass
+class KVarNMetadata(AttentionMetadata):
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # int32 [reqs + 1]
+    seq_lens: torch.Tensor  # int32 [reqs]: context including this step
+    block_table: torch.Tensor  # int32 [reqs, blocks]
+    # Staging row of each new token ([num_actual_tokens]); tokens of tiles
+    # quantized straight from the chunk go to the scratch entry.
+    stage_dst: torch.Tensor  # int64
+    # Two tiles a request re-quantized from staging (store_tiles arguments);
+    # a request without a second tile writes one row into the null block.
+    staged_src: torch.Tensor  # int32
+    staged_len: torch.Tensor  # int32
+    staged_slot: torch.Tensor  # int64
+    # Tiles a prefill chunk covers whole, quantized from the chunk's rows.
+    direct_src: torch.Tensor  # int32
+    direct_len: torch.Tensor  # int32
+    direct_slot: torch.Tensor  # int64
+
+
+class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
+    """Attention metadata plus this step's staging entries and tile lists.
+
+    No CUDA graph of the attention itself yet (PIECEWISE graphs leave it
+    eager): the derived tensors are fresh each step, not persistent buffers.
+    """
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
+                 vllm_config: Any, device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.tiles_per_block = kv_cache_spec.block_size // TILE
+        entries = stage_entries(vllm_config.scheduler_config.max_num_seqs)
+        self.entries = entries
+        # Entry `entries` is the scratch entry: never keyed, never handed out.
+        self._keys = torch.full((entries + 1,), -1, dtype=torch.int64, device=device)
+        self._stamp = torch.zeros(entries + 1, dtype=torch.int64, device=device)
+        self._stamp[entries] = _NEVER_STAMP
+        # Rows each entry holds for its tile after the last step it was claimed.
+        self._rows = torch.zeros(entries + 1, dtype=torch.int64, device=device)
+        self._step = 0
+        # Continued tiles whose exact rows were gone (an entry reused while its
+        # request was unscheduled): re-quantized from stale rows. Read it (a
+        # device sync) where a log can afford it; it should stay 0.
+        self.lost_tiles = torch.zeros((), dtype=torch.int64, device=device)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> KVarNMetadata:
+        cam = common_attn_metadata
+        reqs = cam.num_reqs
+        tokens = cam.num_actual_tokens
+        qsl = cam.query_start_loc[:reqs + 1].long()
+        end = cam.seq_lens[:reqs].long()
+        q_len = qsl[1:] - qsl[:-1]
+        pre = end - q_len
+        live = q_len > 0
+        tile_a = torch.where(live, pre // TILE, 0)
+        tile_b = torch.where(live, (end - 1).clamp(min=0) // TILE, 0)
+        table = cam.block_table_tensor[:reqs]
+
+        def slot(tile: torch.Tensor, req: torch.Tensor | None = None) -> torch.Tensor:
+            rows = table if req is None else table[req]
+            col = (tile // self.tiles_per_block).clamp(max=table.shape[1] - 1)
+            block = rows.gather(1, col[:, None]).squeeze(1).long()
+            return block * self.tiles_per_block + tile % self.tiles_per_block
+
+        two = tile_b != tile_a
+        key_a = torch.where(live, slot(tile_a), -1)
+        key_b = torch.where(live & two, slot(tile_b), -1)
+        entry, found = self._claim(torch.stack([key_a, key_b], 1).reshape(-1))
+        entry = entry.view(reqs, 2)
+        entry_a = entry[:, 0]
+        entry_b = torch.where(two, entry[:, 1], entry_a)
+        # Tile a continues: its first pre - start rows must be staged already.
+        kept = pre - tile_a * TILE
+        lost = live & (kept > 0) & (~found.view(reqs, 2)[:, 0] | (self._rows[entry_a] < kept))
+        self.lost_tiles += lost.sum()
+
+        # New tokens of tile a or b go to their entry's row; others to scratch.
+        # (searchsorted, not repeat_interleave: a token past the last query,
+        # padding, finds no request and goes to scratch too.)
+        token = torch.arange(tokens, device=qsl.device)
+        req_of = torch.searchsorted(qsl[1:], token, right=True)
+        in_req = req_of < reqs
+        req_of = req_of.clamp(max=max(reqs - 1, 0))
+        pos = pre[req_of] + token - qsl[req_of]
+        tile = pos // TILE
+        row = pos % TILE
+        stage_dst = torch.where(
+            in_req & (tile == tile_a[req_of]), entry_a[req_of] * TILE + row,
+            torch.where(in_req & (tile == tile_b[req_of]), entry_b[req_of] * TILE + row,
+                        self.entries * TILE))
+
+        # Re-quantize tiles a and b from staging: their rows so far, this
+        # step's included. A missing second tile writes the null block.
+        len_a = torch.minimum(end, (tile_a + 1) * TILE) - tile_a * TILE
+        len_b = end - tile_b * TILE
+        null = torch.zeros_like(key_a)
+        staged_src = torch.stack([torch.where(live, entry_a, self.entries),
+                                  torch.where(live & two, entry_b, self.entries)], 1) * TILE
+        staged_len = torch.stack([torch.where(live, len_a, 1),
+                                  torch.where(live & two, len_b, 1)], 1)
+        staged_slot = torch.stack([torch.where(live, key_a, null),
+                                   torch.where(live & two, key_b, null)], 1)
+        self._rows.index_copy_(0, (staged_src // TILE).reshape(-1),
+                               torch.where(staged_slot > 0, staged_len, 0).reshape(-1))
+        self._rows[self.entries] = 0
+
+        # Whole tiles strictly between a and b: at most q_len // 128 a request,
+        # a bound the host knows exactly (query lengths are never optimistic).
+        q_len_cpu = (cam.query_start_loc_cpu[1:reqs + 1]
+                     - cam.query_start_loc_cpu[:reqs]).long()
+        per_req = q_len_cpu // TILE
+        n_direct = int(per_req.sum())
+        if n_direct:
+            d_req = torch.repeat_interleave(torch.arange(reqs), per_req).to(qsl.device)
+            first = torch.cumsum(per_req, 0) - per_req
+            d_k = (torch.arange(n_direct) - first.repeat_interleave(per_req)).to(qsl.device)
+            d_tile = tile_a[d_req] + 1 + d_k
+            ok = d_tile < tile_b[d_req]
+            d_src = qsl[d_req] + d_tile * TILE - pre[d_req]
+            direct_src = torch.where(ok, d_src, 0)
+            direct_len = torch.where(ok, TILE, 1)
+            direct_slot = torch.where(ok, slot(d_tile, d_req), 0)
+        else:
+            direct_src = direct_len = direct_slot = torch.zeros(
+                0, dtype=torch.int64, device=qsl.device)
+
+        return KVarNMetadata(
+            num_actual_tokens=tokens,
+            max_query_len=cam.max_query_len,
+            max_seq_len=cam.max_seq_len,
+            query_start_loc=cam.query_start_loc[:reqs + 1],
+            seq_lens=cam.seq_lens[:reqs],
+            block_table=table,
+            stage_dst=stage_dst,
+            staged_src=staged_src.reshape(-1).int(),
+            staged_len=staged_len.reshape(-1).int(),
+            staged_slot=staged_slot.reshape(-1),
+            direct_src=direct_src.int(),
+            direct_len=direct_len.int(),
+            direct_slot=direct_slot.long(),
+        )
+
+    def _claim(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Staging entry of each tile slot key (-1: none, the scratch entry), and
+        whether the key already had one.
+
+        A key already in the table keeps its entry; a new key takes the
+        unclaimed entry claimed longest ago. Fixed-shape ops only: no sync."""
+        self._step += 1
+        keyed = keys >= 0
+        match = (self._keys[None, :] == keys[:, None]) & keyed[:, None]
+        found = match.any(1)
+        hit = match.to(torch.int32).argmax(1)
+        claimed = match.any(0)
+        need = keyed & ~found
+        rank = (need.long().cumsum(0) - 1).clamp(min=0, max=self.entries - 1)
+        order = torch.argsort(torch.where(claimed, _NEVER_STAMP, self._stamp), stable=True)
+        scratch = torch.full_like(hit, self.entries)
+        entry = torch.where(found, hit, torch.where(need, order[rank].to(hit.dtype), scratch))
+        entry64 = entry.long()
+        self._keys.index_copy_(0, entry64, torch.where(keyed, keys, -1))
+        self._stamp.index_copy_(0, entry64, torch.full_like(keys, self._step))
+        self._keys[self.entries] = -1
+        self._stamp[self.entries] = _NEVER_STAMP
+        return entry64, found
+
+
+@dataclass
+class _Workspace:
+    acc: torch.Tensor  # fp32 flat: split partials
+    ml: torch.Tensor  # fp32 flat: running (max, sum) pairs
+
+
+_WORKSPACES: dict[tuple[str, int], _Workspace] = {}
+
+
+def _workspace(device: torch.device, floats: int, head_size: int) -> _Workspace:
+    """One workspace per device and size, shared by every layer (they run in
+    turn), allocated at model construction and never again."""
+    key = (str(device), floats)
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = _Workspace(
+            torch.empty(floats, dtype=torch.float32, device=device),
+            torch.empty(floats // head_size * 2, dtype=torch.float32, device=device))
+    return _WORKSPACES[key]
+
+
+class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = kvarn.CACHE_DTYPE,
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        unsupported = {
+            "alibi_slopes": alibi_slopes, "sliding_window": sliding_window,
+            "logits_soft_cap": logits_soft_cap,
+            "kv_sharing_target_layer_name": kv_sharing_target_layer_name,
+            "sinks": kwargs.get("sinks"),
+        }
+        given = [name for name, value in unsupported.items() if value is not None]
+        if given or attn_type != AttentionType.DECODER:
+            raise ValueError(
+                f"--kv-cache-dtype {kvarn.CACHE_DTYPE}: the KVARN backend serves causal "
+                f"decoder attention without {', '.join(given) or attn_type}; this layer "
+                "needs it, so serve the model with --kv-cache-dtype fp8")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        kvarn.HeadTileLayout(head_size)  # refuses a head size the layout cannot hold
+
+        config = get_current_vllm_config()
+        device = torch.device(config.device_config.device or "cpu")
+        max_num_seqs = config.scheduler_config.max_num_seqs
+        # The staging rows hold K/V as the model computes them.
+        model_dtype = config.model_config.dtype if config.model_config else None
+        dtype = model_dtype if isinstance(model_dtype, torch.dtype) else torch.bfloat16
+        rows = (stage_entries(max_num_seqs) + 1) * TILE
+        self.stage_k = torch.empty(rows, self.num_kv_heads, head_size, dtype=dtype,
+                                   device=device)
+        self.stage_v = torch.empty_like(self.stage_k)
+        self.max_split_tokens = max_num_seqs * SPLIT_QUERY_MAX
+        self.workspace = _workspace(
+            device, workspace_floats(max_num_seqs,
+                                     config.scheduler_config.max_num_batched_tokens,
+                                     num_heads, head_size), head_size)
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: KVarNMetadata,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("KVARN: fused output quantization is not supported")
+        if attn_metadata is None:  # profiling run
+            return output.fill_(0)
+        md = attn_metadata
+        n = md.num_actual_tokens
+        shape = (-1, self.num_kv_heads, self.head_size)
+        key = key[:n].view(shape)
+        value = value[:n].view(shape)
+        self.stage_k.index_copy_(0, md.stage_dst, key.to(self.stage_k.dtype))
+        self.stage_v.index_copy_(0, md.stage_dst, value.to(self.stage_v.dtype))
+        kvarn.store_tiles(self.stage_k, self.stage_v, kv_cache, md.staged_src, md.staged_len,
+                          md.staged_slot)
+        if md.direct_src.numel():
+            kvarn.store_tiles(key, value, kv_cache, md.direct_src, md.direct_len,
+                              md.direct_slot)
+        q = query[:n].view(-1, self.num_heads, self.head_size)
+        out = output[:n].view(-1, self.num_heads, self.head_size)
+        self._attend(q, kv_cache, md, out)
+        return output
+
+    def _attend(self, q: torch.Tensor, cache: torch.Tensor, md: KVarNMetadata,
+                out: torch.Tensor) -> None:
+        """kvarn.attention's two passes over this layer's preallocated partials."""
+        tokens = q.shape[0]
+        group = self.num_heads // self.num_kv_heads
+        split = md.max_query_len <= SPLIT_QUERY_MAX and tokens <= self.max_split_tokens
+        plan = kvarn.plan_split(md.max_query_len, group, md.max_seq_len,
+                                SPLIT_SEGMENTS if split else 1)
+        parts = tokens * self.num_heads * plan.num_segments
+        part_acc = self.workspace.acc[:parts * self.head_size].view(
+            tokens, self.num_heads, plan.num_segments, self.head_size)
+        part_ml = self.workspace.ml[:parts * 2].view(
+            tokens, self.num_heads, plan.num_segments, 2)
+        lay = kvarn._layout_constexprs(self.head_size)
+        reqs = md.seq_lens.shape[0]
+        grid = (reqs * plan.q_tiles, self.num_kv_heads, plan.num_segments)
+        kvarn._kvarn_split_kernel[grid](
+            q, cache, cache.view(torch.float16), md.block_table, md.seq_lens,
+            md.query_start_loc, part_acc, part_ml, self.scale * math.log2(math.e),
+            plan.q_tiles, plan.num_segments, cache.shape[1],
+            q.stride(0), q.stride(1), md.block_table.stride(0),
+            cache.stride(0), cache.stride(1), cache.stride(2),
+            NUM_HEADS=self.num_heads, GROUP=group, BLOCK_Q=plan.block_q,
+            BLOCK_M=plan.block_m, SUB_N=kvarn.CHUNK_TOKENS, num_warps=4, **lay,
+        )
+        kvarn._kvarn_reduce_kernel[(tokens, self.num_heads)](
+            part_acc, part_ml, out, plan.num_segments, out.stride(0), out.stride(1),
+            NUM_HEADS=self.num_heads, D=self.head_size, LOG2_D=lay["LOG2_D"],
+        )

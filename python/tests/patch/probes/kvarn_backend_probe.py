@@ -1,0 +1,225 @@
+"""Probe for kvarn-backend: vLLM's backend selection for ``--kv-cache-dtype kvarn_k4v2_g128``,
+and the KVARN backend's own builder and forward driven over a token stream.
+
+Sections (each reports the exception text where the tree refuses):
+- ``selector``: ``get_attn_backend`` on this (CPU) platform for kvarn and auto; CUDA's candidate
+  list (``CudaPlatformBase.get_valid_backends``, no GPU needed) on sm86 and sm90 for kvarn,
+  auto and fp8: the valid backends and what each refused kvarn for.
+- ``stream``: with ``argv[1]`` a file to write, the backend over the steps of ``STEPS`` on
+  ``argv[2]`` (default cpu: the Triton interpreter, TRITON_INTERPRET=1 in the environment;
+  cuda: the compiled kernels, for the GPU tier): each step builds the
+  metadata with the real builder from a CommonAttentionMetadata and runs forward for one
+  layer; the file gets the inputs, each step's outputs and a copy of the cache after it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from _result import report
+
+DTYPE = "kvarn_k4v2_g128"
+KV_HEADS, HEADS, HEAD_SIZE = 2, 4, 64
+BLOCK = 256  # two tiles a block
+NUM_BLOCKS = 14
+MAX_NUM_SEQS = 4
+# One step = {request: (first new position, new tokens)}; a request's first step starts at 0,
+# its blocks go back to the pool after its last step.
+# "a": a 250-token prompt (tile 0 full, tile 1 open at 122 rows), then decodes across 256.
+# "b": a 126-token prompt, a verify step crossing 128 (126..129), rolled back to 127 (only
+#   one token accepted: tile 0 must still hold its exact rows), then decodes; it is left
+#   unscheduled for one step while "c" and "d" open four tiles, and then continues its open
+#   tile (entries are reused least recently claimed first).
+# "c" and "d" arrive after "a" has finished (they reuse entries it left): "c" with a 300-token
+#   prompt (tile 1 quantized straight from the chunk), "d" with 200.
+STEPS: list[dict[str, tuple[int, int]]] = [
+    {"a": (0, 250), "b": (0, 126)},
+    {"a": (250, 1), "b": (126, 4)},
+    {"a": (251, 1), "b": (127, 4)},
+    *({"a": (252 + i, 1), "b": (131 + i, 1)} for i in range(6)),
+    {"b": (137, 1)},
+    {"c": (0, 300), "d": (0, 200)},
+    {"b": (138, 1), "c": (300, 1), "d": (200, 1)},
+]
+
+
+def attempt(fn: Callable[[], Any]) -> dict[str, Any]:
+    try:
+        return {"ok": fn()}
+    except BaseException as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def selector_section() -> dict[str, Any]:
+    import types
+
+    import torch
+
+    # cuda.py imports the CUDA build's extension at the top; the CPU build has none, and the
+    # candidate list below never calls into it.
+    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.platforms.cuda import CudaPlatformBase
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.selector import AttentionSelectorConfig, get_attn_backend
+
+    def choose(kv_cache_dtype: str) -> Callable[[], str]:
+        def run() -> str:
+            with set_current_vllm_config(VllmConfig()):
+                return str(get_attn_backend(256, torch.bfloat16, kv_cache_dtype).get_name())
+        return run
+
+    def cuda(major: int, minor: int, kv_cache_dtype: str) -> Callable[[], dict[str, Any]]:
+        def run() -> dict[str, Any]:
+            config = AttentionSelectorConfig(
+                head_size=256, dtype=torch.bfloat16, kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
+                block_size=None)
+            valid, invalid = CudaPlatformBase.get_valid_backends(
+                DeviceCapability(major, minor), config, num_heads=24)
+            return {"valid": [c.backend.name for c in sorted(valid, key=lambda c: c.priority)],
+                    "invalid": {b.name: r for b, (_, r) in invalid.items()}}
+        return run
+
+    out: dict[str, Any] = {"kvarn": attempt(choose(DTYPE)), "auto": attempt(choose("auto"))}
+    for major, minor in ((8, 6), (9, 0)):
+        for dtype in (DTYPE, "auto", "fp8"):
+            out[f"cuda_sm{major}{minor}_{dtype}"] = attempt(cuda(major, minor, dtype))
+    return out
+
+
+def stream_section(path: str, device_name: str) -> dict[str, Any]:
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.kvarn_attn import KVarNAttentionBackend
+    from vllm.v1.attention.ops import kvarn
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
+
+    device = torch.device(device_name)
+    gen = torch.Generator().manual_seed(0)
+    offset = {r: 2.0 * torch.randn(1, KV_HEADS, HEAD_SIZE, generator=gen)
+              for s in STEPS for r in s}
+
+    def key_rows(r: str, n: int) -> torch.Tensor:
+        """Key-like rows: the request's per-channel offset and three outlier channels."""
+        k = torch.randn(n, KV_HEADS, HEAD_SIZE, generator=gen) + offset[r]
+        k[..., :3] *= 12.0
+        return k.to(torch.bfloat16)
+
+    # Fresh rows every step, so a rolled-back position is written with new K/V.
+    keys = [{r: key_rows(r, n) for r, (_, n) in s.items()} for s in STEPS]
+    values = [{r: torch.randn(n, KV_HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16)
+               for r, (_, n) in s.items()} for s in STEPS]
+    queries = [{r: torch.randn(n, HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16)
+                for r, (_, n) in s.items()} for s in STEPS]
+
+    config = VllmConfig()
+    config.scheduler_config.max_num_seqs = MAX_NUM_SEQS
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
+                             dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
+    with set_current_vllm_config(config):
+        backend = KVarNAttentionBackend
+        builder = backend.get_builder_cls()(spec, ["layer.0"], config, device)
+        impl = backend.get_impl_cls()(HEADS, HEAD_SIZE, HEAD_SIZE ** -0.5, KV_HEADS,
+                                      kv_cache_dtype=DTYPE)
+    cache = torch.full(backend.get_kv_cache_shape(NUM_BLOCKS, BLOCK, KV_HEADS, HEAD_SIZE),
+                       0xFF, dtype=torch.uint8, device=device)
+    # Block 0 is vLLM's null block; the others are handed out out of order.
+    free = torch.randperm(NUM_BLOCKS - 1, generator=gen).add(1).tolist()
+    owned: dict[str, list[int]] = {}
+    record: dict[str, Any] = {"steps": STEPS, "keys": keys, "values": values,
+                              "queries": queries, "outputs": [], "caches": [],
+                              "block_tables": [], "block": BLOCK, "device": str(device)}
+    last = {r: i for i, s in enumerate(STEPS) for r in s}
+    for step, batch in enumerate(STEPS):
+        for r in list(owned):
+            if last[r] < step:  # finished: its blocks go back to the pool
+                free.extend(owned.pop(r))
+        reqs = list(batch)
+        for r in reqs:
+            blocks = owned.setdefault(r, [])
+            while len(blocks) * BLOCK < sum(batch[r]):
+                blocks.append(free.pop(0))
+        width = max(len(owned[r]) for r in reqs)
+        table = torch.zeros(len(reqs), width, dtype=torch.int32)
+        for i, r in enumerate(reqs):
+            table[i, :len(owned[r])] = torch.tensor(owned[r])
+        q_lens = [batch[r][1] for r in reqs]
+        seq_lens = torch.tensor([sum(batch[r]) for r in reqs], dtype=torch.int32)
+        qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+        tokens = int(qsl[-1])
+        cam = CommonAttentionMetadata(
+            query_start_loc=qsl.to(device), query_start_loc_cpu=qsl,
+            seq_lens=seq_lens.to(device),
+            num_reqs=len(reqs), num_actual_tokens=tokens, max_query_len=max(q_lens),
+            max_seq_len=int(seq_lens.max()), block_table_tensor=table.to(device),
+            slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device))
+        md = builder.build(0, cam)
+        key = torch.cat([keys[step][r] for r in reqs]).to(device)
+        value = torch.cat([values[step][r] for r in reqs]).to(device)
+        query = torch.cat([queries[step][r] for r in reqs]).to(device)
+        output = torch.full((tokens, HEADS * HEAD_SIZE), float("nan"), device=device)
+        impl.forward(None, query.view(tokens, -1), key.reshape(tokens, -1),  # type: ignore[arg-type]
+                     value.reshape(tokens, -1), cache, md, output)
+        record["outputs"].append(output.view(tokens, HEADS, HEAD_SIZE).cpu())
+        record["caches"].append(cache.to("cpu", copy=True))  # a snapshot, also on the CPU
+        record["block_tables"].append({r: list(owned[r]) for r in reqs})
+    torch.save(record, path)
+    return {"steps": len(STEPS), "tile_bytes": kvarn.head_tile_bytes(HEAD_SIZE),
+            "staging_rows": int(impl.stage_k.shape[0]), "entries": builder.entries,
+            "lost_tiles": int(builder.lost_tiles)}
+
+
+def common_metadata(batch: dict[str, tuple[int, int]], blocks: dict[str, list[int]]) -> Any:
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    reqs = list(batch)
+    q_lens = [batch[r][1] for r in reqs]
+    seq_lens = torch.tensor([sum(batch[r]) for r in reqs], dtype=torch.int32)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    table = torch.tensor([blocks[r] for r in reqs], dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens,
+        num_reqs=len(reqs), num_actual_tokens=int(qsl[-1]), max_query_len=max(q_lens),
+        max_seq_len=int(seq_lens.max()), block_table_tensor=table,
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64))
+
+
+def starved_section() -> dict[str, Any]:
+    """The builder alone at max_num_seqs 1 (4 entries), one request a step: "p" keeps a tile
+    open, is left unscheduled while two prompts open two tiles each (the second takes p's
+    entry, least recently claimed), then continues it. Its rows are gone; the builder's
+    lost-tile count says so (kvarn_attn.py's documented limit)."""
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.kvarn_attn import KVarNMetadataBuilder
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
+
+    config = VllmConfig()
+    config.scheduler_config.max_num_seqs = 1
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
+                             dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
+    builder = KVarNMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
+    blocks = {"p": [1], "q": [2], "r": [3], "s": [4]}
+    lost = []
+    for batch in ({"p": (0, 100)}, {"p": (100, 1)}, {"q": (0, 130)}, {"r": (0, 130)},
+                  {"p": (101, 1)}):
+        builder.build(0, common_metadata(batch, blocks))
+        lost.append(int(builder.lost_tiles))
+    return {"entries": builder.entries, "lost_after_step": lost}
+
+
+def main() -> None:
+    result: dict[str, Any] = {"selector": selector_section(),
+                              "starved": attempt(starved_section)}
+    if len(sys.argv) > 1:
+        device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+        result["stream"] = attempt(lambda: stream_section(sys.argv[1], device))
+    report(result)
+
+
+if __name__ == "__main__":
+    main()
