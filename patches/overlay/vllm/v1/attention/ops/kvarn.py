@@ -389,10 +389,7 @@ def _kvarn_split_kernel(
     sub = tl.arange(0, SUB_N)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc0 = tl.zeros((BLOCK_M, D // 4), tl.float32)
-    acc1 = tl.zeros((BLOCK_M, D // 4), tl.float32)
-    acc2 = tl.zeros((BLOCK_M, D // 4), tl.float32)
-    acc3 = tl.zeros((BLOCK_M, D // 4), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
     for chunk in range(c_begin, c_end):
         pos0 = chunk * SUB_N
         seq_tile = pos0 // T
@@ -443,22 +440,18 @@ def _kvarn_split_kernel(
                      + quarter[None, :], mask=kv_ok[:, None], other=0).to(tl.int32)
         pa = (p * v_a[None, :]).to(tl.float16)
         pb = tl.sum(p * v_b[None, :], axis=1)[:, None]
-        v_c = cache_f16_ptr + base16 + OFF_VCS // 2 + 4 * quarter
-        acc0 = acc0 * alpha[:, None] + tl.load(v_c).to(tl.float32)[None, :] * (
-            tl.dot(pa, (vb & 3).to(tl.float16)) + pb)
-        acc1 = acc1 * alpha[:, None] + tl.load(v_c + 1).to(tl.float32)[None, :] * (
-            tl.dot(pa, ((vb >> 2) & 3).to(tl.float16)) + pb)
-        acc2 = acc2 * alpha[:, None] + tl.load(v_c + 2).to(tl.float32)[None, :] * (
-            tl.dot(pa, ((vb >> 4) & 3).to(tl.float16)) + pb)
-        acc3 = acc3 * alpha[:, None] + tl.load(v_c + 3).to(tl.float32)[None, :] * (
-            tl.dot(pa, (vb >> 6).to(tl.float16)) + pb)
+        # A byte holds channels 4i..4i+3; unpacked into one [SUB_N, D] tile in
+        # channel order for a single MMA with N = D. (Four MMAs of N = D / 4, one
+        # per 2-bit field, read past their shared-memory buffer on sm_90 at
+        # D = 64 with Triton 3.6: compute-sanitizer, qwen3090's docs/kvarn.md.)
+        v_code = tl.reshape(
+            tl.join(tl.join(vb & 3, (vb >> 4) & 3), tl.join((vb >> 2) & 3, vb >> 6)),
+            (SUB_N, D)).to(tl.float16)
+        v_cs = tl.load(cache_f16_ptr + base16 + OFF_VCS // 2 + cols).to(tl.float32)
+        acc = acc * alpha[:, None] + v_cs[None, :] * (tl.dot(pa, v_code) + pb)
 
     part = (q_tok * NUM_HEADS + head) * num_segments + seg
-    out = part_acc_ptr + part[:, None] * D + 4 * quarter[None, :]
-    tl.store(out, acc0, mask=row_ok[:, None])
-    tl.store(out + 1, acc1, mask=row_ok[:, None])
-    tl.store(out + 2, acc2, mask=row_ok[:, None])
-    tl.store(out + 3, acc3, mask=row_ok[:, None])
+    tl.store(part_acc_ptr + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
     tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
     tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
 
