@@ -645,4 +645,5 @@ def test_the_repository_series_adds_files_only_through_the_overlay() -> None:
                          "vllm/model_executor/warmup/spec_decode_attn_warmup.py",),
                      "mtp-draft-vocab": ("vllm/model_executor/models/mtp_draft_vocab.py",),
                      "kvarn-cache": (ops + "kvarn.py",),
+                     "kvarn-backend": ("vllm/v1/attention/backends/kvarn_attn.py",),
                      "dflash2-lookup": ("vllm/v1/worker/gpu/spec_decode/dflash2/lookup.py",)}
