@@ -16,7 +16,7 @@ SPEC=dflash2 runs up to three server lives with the DFlash2 drafter (dflash2_dra
 per lookup setting (DFLASH2_LIVES), each running the same greedy copy task (copy_task.py), as
 long as the budget leaves room for another life; the lives it had no time for are recorded.
 
---kv kvarn (issue 24) serves one life without a speculator on the KVarN cache
+--kv kvarn (issue 24) serves one life (without a speculator, or with MTP) on the KVarN cache
 (``--kv-cache-dtype kvarn_k4v2_g128``, KVARN_ARGS: the planner still refuses KV=kvarn, so the
 flags travel in EXTRA_ARGS, where the last of a flag wins): the MTP tier's steps, then a long
 greedy completion whose logprobs must stay finite (kvarn_steps).
@@ -612,7 +612,7 @@ def main() -> int:
     p.add_argument("--spec", default="mtp")
     p.add_argument("--draft", type=Path, help="the DFlash2 drafter (--spec dflash2)")
     p.add_argument("--kv", choices=("default", "kvarn"), default="default",
-                   help="kvarn: one life on the KVarN cache (KVARN_ARGS), --spec off only")
+                   help="kvarn: one life on the KVarN cache (KVARN_ARGS), --spec off or mtp")
     p.add_argument("--budget-s", type=float, default=420)
     p.add_argument("--boot-timeout-s", type=float, default=300)
     p.add_argument("--base", type=Path, help="a JSON object to start the record from")
@@ -623,8 +623,8 @@ def main() -> int:
                    help="only re-read LOG (a returned server log) into the last attempt of --out")
     p.add_argument("--label", help="--rescan: the attempt LOG belongs to (default the last)")
     args = p.parse_args()
-    if args.kv == "kvarn" and args.spec != "off":
-        p.error(f"--kv kvarn serves without a speculator: got --spec {args.spec}, want off")
+    if args.kv == "kvarn" and args.spec not in ("off", "mtp"):
+        p.error(f"--kv kvarn: --spec {args.spec} is not served on it; use off or mtp")
     if args.rescan:
         data = json.loads(args.out.read_text())
         attempt = next(a for a in reversed(data["attempts"])
@@ -642,7 +642,14 @@ def main() -> int:
     # Triton GDN prefill kernel instead of FlashInfer's, which is not on the machine.
     extra = "--attention-backend TRITON_ATTN --gdn-prefill-backend triton"
     if args.kv == "kvarn":
-        serve_once(args, "off", KVARN_ARGS, deadline, rec.attempt("kv=kvarn spec=off"),
+        extra = KVARN_ARGS
+        if args.spec == "mtp":
+            # The drafter's attention layer reads the same kvarn cache: its backend too.
+            spec_cfg = json.dumps({"method": "mtp", "num_speculative_tokens": 4,
+                                   "draft_sample_method": "probabilistic",
+                                   "attention_backend": "KVARN"})
+            extra += f" --speculative-config '{spec_cfg}'"
+        serve_once(args, args.spec, extra, deadline, rec.attempt(f"kv=kvarn spec={args.spec}"),
                    work=kvarn_steps)
         rec.set("finished_unix", int(time.time()))
         return 0

@@ -87,3 +87,13 @@ def test_long_completions_stay_finite_and_repeat(life: dict[str, Any]) -> None:
 
 def test_the_server_stopped_cleanly(life: dict[str, Any]) -> None:
     assert life["sigint"]["exit_code"] == 0, life["sigint"]
+
+
+def test_no_kvarn_kernel_compiles_after_warm_up(life: dict[str, Any]) -> None:
+    """The impl compiles its kernels at model construction (gotcha 45); vLLM's JIT monitor
+    names any Triton kernel compiled after warm-up."""
+    jit = life["jit"]
+    if not jit["monitor_active"]:
+        pytest.skip("vLLM's JIT monitor did not run in this life")
+    late = [k for k in jit["kernels"] if "kvarn" in k]
+    assert late == [], jit["kernels"]
