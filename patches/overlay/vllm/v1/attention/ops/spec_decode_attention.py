@@ -139,6 +139,9 @@ class TilePlan:
 #   q = 16; the 8-bit path sits at 255 registers and spills, so smaller chunks
 #   pay. The widening is use_fast_int8's per-arch choice (_widen's bit arithmetic
 #   below sm_90, Triton's own packed cast above). Not measured on an sm_86 card.
+#   int8_qk stays off until the H200 sweep times it: on the interpreter one query term
+#   gave 1.5x stock's error on the same data (9.4e-3 against 6.2e-3), two terms stock's
+#   own (6.1e-3), and ptxas reports no fewer spills with either (the benchmark doc).
 # - "fp8": the planner's tiles with the fp8 Q.K MMA: the sweep measured it the
 #   fastest config at every context and q (1.6x at q = 8, 1.8x at q = 16 over the
 #   widened path at worst) at the same error against the float32 reference
