@@ -210,6 +210,11 @@ def _int8_qk_runs(sda: Any, kind: str, seed: int, tile_n: int) -> dict[int, dict
     return runs
 
 
+def test_int8_qk_takes_zero_one_or_two_terms(sda: Any) -> None:
+    with pytest.raises(ValueError, match=r"int8_qk=3\).*0 \(off\), 1 or 2"):
+        sda.TilePlan(int8_qk=3)
+
+
 @pytest.mark.parametrize(("kind", "tile_n"), [("int8", 32), ("int8", 64), ("int8/fp16", 32)])
 def test_int8_qk_matches_reference(sda: Any, kind: str, tile_n: int) -> None:
     """Q.K on the int8 MMA with the query rows quantized in the kernel, over the ragged,

@@ -123,6 +123,13 @@ class TilePlan:
     fp8_qk: bool = False
     int8_qk: int = 0
 
+    def __post_init__(self) -> None:
+        if self.int8_qk not in (0, 1, 2):
+            raise ValueError(
+                f"TilePlan(int8_qk={self.int8_qk!r}): the int8 Q.K MMA takes 0 (off), 1 or 2 "
+                "query terms"
+            )
+
     def plan_overrides(self) -> dict[str, int]:
         fields = {"tile_n": self.tile_n, "num_warps": self.num_warps,
                   "num_stages": self.num_stages, "num_segments": self.num_segments}
@@ -141,7 +148,8 @@ class TilePlan:
 #   below sm_90, Triton's own packed cast above). Not measured on an sm_86 card.
 #   int8_qk stays off until the H200 sweep times it: on the interpreter one query term
 #   gave 1.5x stock's error on the same data (9.4e-3 against 6.2e-3), two terms stock's
-#   own (6.1e-3), and ptxas reports no fewer spills with either (the benchmark doc).
+#   own (6.1e-3); ptxas reports no fewer spills at these tiles, none at all at 8 warps
+#   for q = 8 on sm_90a (the benchmark doc).
 # - "fp8": the planner's tiles with the fp8 Q.K MMA: the sweep measured it the
 #   fastest config at every context and q (1.6x at q = 8, 1.8x at q = 16 over the
 #   widened path at worst) at the same error against the float32 reference
@@ -232,8 +240,9 @@ def _widen(x, OUT_FP16: tl.constexpr, FAST_INT8: tl.constexpr):
 
 @triton.jit
 def _int8_rows(x):
-    """x (float32, |x| <= 127.5) rounded to the nearest integer as int8 codes, half
-    up; the clamp keeps a rounding of 127.5 (float32 slack on the row's max) in range."""
+    """x (float32, |x| <= 128) rounded to the nearest integer, half up, as int8 codes
+    clamped to +-127: a row's max is 127 up to float32 rounding, and a second term's
+    remainder can round to 128, where the clamp loses at most one of its steps."""
     return tl.minimum(tl.maximum(tl.floor(x + 0.5), -127.0), 127.0).to(tl.int8)
 
 
@@ -495,6 +504,7 @@ def _spec_decode_split_kernel(
     # (or stays fp8 for an fp8 Q.K, FP8_QK).
     if not FP8_QK:
         q = q.to(out_ptr.dtype.element_ty)
+    # _attend_tile's int8 Q.K operands; placeholders (never read) without it.
     q_lo = q
     q_sc = tl.full([BLOCK_M], 1.0, tl.float32)
     if INT8_QK:
