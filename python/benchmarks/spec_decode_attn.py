@@ -468,11 +468,20 @@ SWEEP8_GRID: dict[str, tuple[int, ...]] = {
 # Kernel switches compared at the production tiles (TilePlan fields), each both ways so the
 # production plan is always measured against its alternative (a switch equal to production is
 # the same launch and is timed once): _widen's bit arithmetic against Triton's own cast for
-# int8 (on sm_90 the production plan takes the cast), and Q.K as an fp8 MMA on the codes
-# against widened K for fp8 (the production plan takes the MMA since the H200 sweep).
-SWEEP8_SWITCHES: dict[str, dict[str, dict[str, bool]]] = {
-    "int8": {"bits": {"fast_int8": True}, "cast": {"fast_int8": False}},
+# int8 (on sm_90 the production plan takes the cast), Q.K on the int8 MMA with the query rows
+# quantized in one or two int8 terms against widened K for int8 (TilePlan.int8_qk), and Q.K
+# as an fp8 MMA on the codes against widened K for fp8 (the production plan takes the MMA
+# since the H200 sweep).
+SWEEP8_SWITCHES: dict[str, dict[str, dict[str, bool | int]]] = {
+    "int8": {"bits": {"fast_int8": True}, "cast": {"fast_int8": False},
+             "int8qk1": {"int8_qk": 1}, "int8qk2": {"int8_qk": 2}, "widened": {"int8_qk": 0}},
     "fp8": {"fp8qk": {"fp8_qk": True}, "widened": {"fp8_qk": False}},
+}
+# Switches the whole grid is timed with as well (config name suffixed "+<name>"), for a
+# switch that changes what fits in registers: at 8 warps Q.K on the int8 MMA compiles
+# spill-free for sm_90a at q = 8, where the widened path spills (benchmarks doc).
+SWEEP8_GRID_SWITCHES: dict[str, dict[str, dict[str, bool | int]]] = {
+    "int8": {"int8qk2": {"int8_qk": 2}},
 }
 # A config is rejected (never "best") with any unwritten row or a relative error against the
 # float32 reference above this: bf16 q and P rounding lands at 5e-3..6e-3 (the tests' bound).
@@ -481,16 +490,21 @@ SWEEP8_REL_ERR = 1e-2
 
 def sweep8_configs(sda: Any, kv: str, q: int, ws: Any) -> list[tuple[str, Any, Any]]:
     """(name, TilePlan, LaunchPlan) per distinct launch for one (kv, q): the production plan
-    first, then its switches, then the grid (in SWEEP8_GRID's order)."""
+    first, then its switches, then the grid (in SWEEP8_GRID's order), each grid point as it
+    is and then with each of SWEEP8_GRID_SWITCHES."""
     heads = NUM_KV_HEADS * GROUP
     production = sda.TILE_PLANS["int8" if kv == "int8" else "fp8"]
     named: list[tuple[str, Any]] = [("production", production)]
     for name, switch in SWEEP8_SWITCHES.get(kv, {}).items():
         named.append((f"production+{name}", dataclasses.replace(production, **switch)))
+    grid_switches: dict[str, dict[str, bool | int]] = {"": {}}
+    for name, switch in SWEEP8_GRID_SWITCHES.get(kv, {}).items():
+        grid_switches[f"+{name}"] = switch
     for values in itertools.product(*SWEEP8_GRID.values()):
         fields = dict(zip(SWEEP8_GRID, values, strict=True))
-        name = " ".join(f"{k}={v}" for k, v in fields.items())
-        named.append((name, dataclasses.replace(production, **fields)))
+        for suffix, switch in grid_switches.items():
+            name = " ".join(f"{k}={v}" for k, v in fields.items()) + suffix
+            named.append((name, dataclasses.replace(production, **fields, **switch)))
     seen: set[tuple[Any, ...]] = set()
     configs = []
     for name, tiles in named:
@@ -498,7 +512,8 @@ def sweep8_configs(sda: Any, kv: str, q: int, ws: Any) -> list[tuple[str, Any, A
                                **tiles.plan_overrides())
         key = (plan.block_m, plan.tile_n, plan.num_warps, plan.num_stages, plan.num_segments,
                sda.use_fast_int8(tiles, ws_device(ws)) if kv == "int8" else None,
-               tiles.fp8_qk if kv == "fp8" else None)
+               tiles.fp8_qk if kv == "fp8" else None,
+               tiles.int8_qk if kv == "int8" else None)
         if key in seen:
             continue
         seen.add(key)
@@ -560,6 +575,7 @@ def sweep8_row(env: dict[str, Any], cell: Cell, batches: list[Any], want: Any, w
         "fast_int8": env["sda"].use_fast_int8(tiles, ws_device(ws)) if cell.kv == "int8"
         else None,
         "fp8_qk": tiles.fp8_qk if cell.kv == "fp8" else None,
+        "int8_qk": tiles.int8_qk if cell.kv == "int8" else None,
         **compiled_info(recorder.last),
     }
 

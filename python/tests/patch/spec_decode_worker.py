@@ -736,6 +736,11 @@ COMPILE_TARGETS = (
 COMPILE_QUERY_LENS = (4, 8, 16)
 # The 8-bit caches compiled for the Triton split pass (_triton_split_source's kinds).
 COMPILE_8BIT_KV = ("int8", "fp8", "fp8q", "fp8pth")
+# The int8 cache's production tile plan (TILE_PLANS["int8"]) compiled with each int8_qk
+# (Q.K widened, or on the int8 MMA with one or two query terms) at these verify lengths,
+# with the widening production takes on that card: keys "<card>/q<q>/int8prod-qk<n>".
+COMPILE_INT8_QK = (0, 1, 2)
+COMPILE_INT8_QK_QUERY_LENS = (8, 16)
 
 
 def _last_line(exc: BaseException) -> str:
@@ -900,13 +905,18 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
             64, heads, head_size, torch.device("cpu"), num_sms=sms, max_shared_mem=smem,
             hopper=hopper,
         )
-        variants = [(q, "bf16") for q in COMPILE_QUERY_LENS]
+        # (q, cache kind, int8_qk of the int8 production plan or None: the planner's plan)
+        variants: list[tuple[int, str, int | None]] = [
+            (q, "bf16", None) for q in COMPILE_QUERY_LENS]
         if not hopper:
             # No Hopper split pass reads 8-bit caches: the Triton one there too.
-            variants += [(q, kv) for kv in COMPILE_8BIT_KV for q in COMPILE_QUERY_LENS]
-        for q, kv in variants:
+            variants += [(q, kv, None) for kv in COMPILE_8BIT_KV for q in COMPILE_QUERY_LENS]
+            variants += [(q, "int8", n) for n in COMPILE_INT8_QK
+                         for q in COMPILE_INT8_QK_QUERY_LENS]
+        for q, kv, int8_qk in variants:
+            overrides = {} if int8_qk is None else sda.TILE_PLANS["int8"].plan_overrides()
             plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws,
-                                   kernel="triton" if kv != "bf16" else None)
+                                   kernel="triton" if kv != "bf16" else None, **overrides)
             if plan.kernel == "hopper":
                 compiled = _compile_hopper(hopper_mod, plan, heads, kv_heads, head_size, block_size)
                 ptx = compiled.asm["ptx"]
@@ -933,6 +943,10 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 "KV_SCALES": {"int8": 2, "fp8pth": 2, "fp8": 1, "fp8q": 1}.get(kv, 0),
                 "Q_SCALED": kv == "fp8q",
             }
+            if int8_qk is not None:
+                # The widening use_fast_int8 picks on this card (bit arithmetic below sm_90).
+                constexprs["FAST_INT8"] = cap < 90
+                constexprs["INT8_QK"] = int8_qk
             if signature["q_scale_ptr"] == "constexpr":
                 constexprs["q_scale_ptr"] = None
             source = ASTSource(
@@ -949,7 +963,7 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 if kv == "bf16":
                     raise
                 # An 8-bit variant this Triton refuses for the target: recorded, not fatal.
-                key = f"{card}/q{q}/{kv}"
+                key = f"{card}/q{q}/{kv}" + ("" if int8_qk is None else f"prod-qk{int8_qk}")
                 report[key] = {"kernel": plan.kernel, "error": _last_line(exc)}
                 print(f"{key}: {report[key]}", flush=True)
                 continue
@@ -965,8 +979,12 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 "mma_sync": ptx.count("mma.sync"),
                 # Single-byte global loads: what an int8 row not known 4-byte aligned gets.
                 "byte_loads": ptx.count("ld.global.b8"),
+                # MMAs on int8 operands into int32 (wgmma or mma.sync): Q.K of int8_qk.
+                "s8_mma": len(re.findall(r"mma[\w.]*\.s32\.s8\.s8", ptx)),
             }
             key = f"{card}/q{q}" + ("" if kv == "bf16" else f"/{kv}")
+            if int8_qk is not None:
+                key += f"prod-qk{int8_qk}"
             report[key] = row
             print(f"{key}: {row}", flush=True)
     results["compiled"] = report

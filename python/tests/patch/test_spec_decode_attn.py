@@ -294,7 +294,9 @@ def test_split_kernel_compiled_for_h200_and_rtx3090(compiled: dict[str, Any]) ->
     # 8-bit caches compile for the Triton split pass only (no Hopper variant).
     assert set(rows) == {f"{card}/q{q}" for card in cards for q in (4, 8, 16)} | {
         f"{card}/q{q}/{kv}" for card in cards[1:] for q in (4, 8, 16)
-        for kv in worker.COMPILE_8BIT_KV}
+        for kv in worker.COMPILE_8BIT_KV} | {
+        f"{card}/q{q}/int8prod-qk{n}" for card in cards[1:]
+        for q in worker.COMPILE_INT8_QK_QUERY_LENS for n in worker.COMPILE_INT8_QK}
     for key, row in rows.items():
         if "error" in row:  # test_fp8_split_pass_compiled_for_h200 holds these
             continue
@@ -335,6 +337,27 @@ def test_int8_split_pass_compiled_for_rtx3090(compiled: dict[str, Any]) -> None:
             # Same tiles as the bf16 plan: the planner decides from shapes only.
             assert (int8["block_m"], int8["tile_n"]) == (bf16["block_m"], bf16["tile_n"])
     assert all(compiled[f"rtx3090/q{q}/int8"]["mma_sync"] > 0 for q in (4, 8, 16))
+
+
+@pytest.mark.patch
+def test_int8_qk_compiled_on_the_int8_mma(compiled: dict[str, Any]) -> None:
+    """TilePlan.int8_qk at the int8 production plan (q = 8 and 16), compiled for sm_90a and
+    sm_86: with it Q.K is an int8 MMA into int32 (wgmma or mma.sync .s32.s8.s8), one per
+    16-bit one it replaces for one query term and two for two; without it no int8 MMA at
+    all. Registers, spills and shared memory are reported (benchmarks/spec_decode_attn.md's
+    compiled-kernel table) and fit the card."""
+    for card in ("h200-triton", "rtx3090"):
+        for q in worker.COMPILE_INT8_QK_QUERY_LENS:
+            rows = {n: compiled[f"{card}/q{q}/int8prod-qk{n}"] for n in worker.COMPILE_INT8_QK}
+            for n, row in rows.items():
+                assert "error" not in row and row["regs"] is not None, (card, q, n, row)
+                assert row["spill_bytes"] is not None and row["byte_loads"] == 0, row
+                assert row["shared"] <= row["smem_estimate"] <= row["smem_limit"], row
+            assert rows[0]["s8_mma"] == 0, rows[0]
+            assert rows[1]["s8_mma"] > 0 and rows[2]["s8_mma"] == 2 * rows[1]["s8_mma"], rows
+            # The widened plan's Q.K MMAs become int8 ones: the 16-bit ones left are P @ V's.
+            mma = "wgmma" if card == "h200-triton" else "mma_sync"
+            assert rows[1][mma] - rows[1]["s8_mma"] < rows[0][mma], rows
 
 
 @pytest.mark.patch
@@ -418,8 +441,12 @@ def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     assert result["skipped"] == [] and [r for r in rows if "error" in r] == []
     configs = {kv: {r["config"] for r in rows if r["kv"] == kv} for kv in ("int8", "fp8")}
     grid = {"tile_n=32 num_warps=4 num_stages=2", "tile_n=64 num_warps=4 num_stages=2"}
-    # On the CPU the production int8 plan takes Triton's cast, so "+cast" is the same launch.
-    assert configs["int8"] == {"production", "production+bits"} | grid, configs
+    # On the CPU the production int8 plan takes Triton's cast and widens K, so "+cast" and
+    # "+widened" are the same launch as it.
+    # The int8 grid is timed again with Q.K on the int8 MMA (two query terms).
+    assert configs["int8"] == {"production", "production+bits", "production+int8qk1",
+                               "production+int8qk2"} | grid | {
+                                   f"{g}+int8qk2" for g in grid}, configs
     # The production fp8 plan takes the fp8 MMA, so "+fp8qk" is the same launch; "+widened"
     # is the alternative it is measured against.
     assert configs["fp8"] == {"production", "production+widened"} | grid, configs
@@ -428,6 +455,9 @@ def test_benchmark_8bit_sweep_runs_on_the_interpreter(
         assert r["us"] > 0 and r["split_us"] > 0 and r["reduce_us"] >= 0, r
         assert r["fast_int8"] == (r["config"] == "production+bits" if r["kv"] == "int8"
                                   else None), r
+        int8_qk = (1 if r["config"] == "production+int8qk1"
+                   else 2 if r["config"].endswith("+int8qk2") else 0)
+        assert r["int8_qk"] == (int8_qk if r["kv"] == "int8" else None), r
     assert set(result["best_per_cell"]) == {f"{kv}/q4/{c}" for kv in ("int8", "fp8")
                                             for c in (64, 96)}
     assert set(result["best_per_shape"]) == {"int8/q4", "fp8/q4"}

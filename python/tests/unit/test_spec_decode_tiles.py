@@ -54,15 +54,17 @@ def _load(name: str, module_name: str) -> ModuleType:
     return module
 
 
-# _widen of the loaded overlay, for the kernel below (jit functions resolve globals).
+# _widen and _quantize_q of the loaded overlay, for the kernels below (jit functions
+# resolve globals).
 _widen: Any = None
+_quantize_q: Any = None
 
 
 @pytest.fixture(scope="module")
 def sda() -> Iterator[Any]:
     """The overlay module, its kernels decorated for the interpreter (TRITON_INTERPRET=1 is
     read at decoration; set only while the module loads, as kvarn_ref.load_kvarn does)."""
-    global _widen
+    global _widen, _quantize_q
     import triton
     import triton.language as tl
     from triton.runtime import interpreter
@@ -84,6 +86,7 @@ def sda() -> Iterator[Any]:
                        getattr(interpreter.InterpreterBuilder, name))
         ref.fix_interpreter_bf16_dot()
         _widen = module._widen
+        _quantize_q = module._quantize_q
         yield module
     finally:
         mp.undo()
@@ -135,6 +138,7 @@ def _run(sda: Any, batch: ref.PagedBatch, tiles: Any, segments: int | None) -> d
         batch.v_descale, tiles,
     )
     result = ref.compare(out, ref.reference(batch, HEAD_SIZE**-0.5), batch)
+    result["out"] = out
     result["tile_n"] = plan.tile_n
     result["segments"] = plan.num_segments
     return result
@@ -187,6 +191,76 @@ def test_int8_with_fp16_queries(sda: Any, fast: bool) -> None:
     batch = _batch("int8/fp16", seed=3)
     got = _run(sda, batch, sda.TilePlan(tile_n=64, fast_int8=fast), 4)
     assert got["unwritten_rows"] == 0 and got["rel_err"] < REL_ERR, got
+
+
+# Q.K on the int8 MMA (TilePlan.int8_qk), against the widened path on the same batch. Two
+# terms carry q to ~2^-15 of its row max, far below bf16's 2^-9 rounding of P and the output,
+# so the error must be the widened path's to within noise (measured: equal to 3 digits). One
+# term rounds q to 1/254 of its row max (RMS ~0.2 % of that max an element): measured
+# 2-3x the widened path's error here, and under REL_ERR.
+INT8_QK_SAME = 1.05
+
+
+def _int8_qk_runs(sda: Any, kind: str, seed: int, tile_n: int) -> dict[int, dict[str, Any]]:
+    """The same batch with int8_qk = 0 (K widened), 1 and 2; each result with its output."""
+    batch = _batch(kind, seed)
+    runs = {}
+    for terms in (0, 1, 2):
+        runs[terms] = _run(sda, batch, sda.TilePlan(tile_n=tile_n, int8_qk=terms), 4)
+    return runs
+
+
+def test_int8_qk_takes_zero_one_or_two_terms(sda: Any) -> None:
+    with pytest.raises(ValueError, match=r"int8_qk=3\).*0 \(off\), 1 or 2"):
+        sda.TilePlan(int8_qk=3)
+
+
+@pytest.mark.parametrize(("kind", "tile_n"), [("int8", 32), ("int8", 64), ("int8/fp16", 32)])
+def test_int8_qk_matches_reference(sda: Any, kind: str, tile_n: int) -> None:
+    """Q.K on the int8 MMA with the query rows quantized in the kernel, over the ragged,
+    NaN-tailed batch: both term counts within REL_ERR of the float32 reference, two terms
+    as close as the widened path, one term measurably further (the rounding of q shows:
+    the switch was taken), and each output differs from the widened one."""
+    runs = _int8_qk_runs(sda, kind, seed=80 + tile_n, tile_n=tile_n)
+    for terms, got in runs.items():
+        assert got["unwritten_rows"] == 0 and got["rel_err"] < REL_ERR, (terms, got)
+    widened, one, two = runs[0], runs[1], runs[2]
+    assert two["rel_err"] <= widened["rel_err"] * INT8_QK_SAME, (two, widened)
+    assert one["rel_err"] > two["rel_err"] * 1.2, (one, two)
+    assert not torch.equal(one["out"], widened["out"])
+    assert not torch.equal(two["out"], widened["out"])
+
+
+def test_int8_qk_rounds_rows_as_specified(sda: Any) -> None:
+    """_quantize_q on rows of very different magnitudes and a zero row: each row's codes
+    times its scale give the row back to half a step (one term) and to half a step of the
+    second term (two terms); the largest element of each row is code +-127; a zero row
+    gives codes 0 and scale 0, never NaN."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def kernel(src: Any, hi: Any, lo: Any, sc: Any, TERMS: tl.constexpr) -> None:
+        rows = tl.arange(0, 4)
+        offs = rows[:, None] * 64 + tl.arange(0, 64)[None, :]
+        q_hi, q_lo, q_sc = _quantize_q(tl.load(src + offs), TERMS)
+        tl.store(hi + offs, q_hi)
+        tl.store(lo + offs, q_lo)
+        tl.store(sc + rows, q_sc)
+
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(4, 64, generator=gen) * torch.tensor([1.0, 1e-3, 300.0, 0.0])[:, None]
+    q = q.to(torch.bfloat16)
+    for terms in (1, 2):
+        hi, lo = torch.empty(4, 64, dtype=torch.int8), torch.empty(4, 64, dtype=torch.int8)
+        sc = torch.empty(4)
+        kernel[(1,)](q, hi, lo, sc, terms)
+        assert torch.equal(hi.abs().amax(dim=1), torch.tensor([127, 127, 127, 0], dtype=torch.int8))
+        codes = hi.float() if terms == 1 else hi.float() * 256 + lo.float()
+        back = codes * sc[:, None]
+        assert torch.all((back - q.float()).abs() <= sc[:, None] * 0.5 * 1.0001), terms
+        assert sc[3] == 0 and torch.equal(back[3], torch.zeros(64))
+    assert float(sc[0]) == pytest.approx(float(q[0].float().abs().max()) / 127 / 256)
 
 
 @pytest.mark.parametrize(("tile_n", "fp8_qk"), [(32, True), (64, True), (128, True),

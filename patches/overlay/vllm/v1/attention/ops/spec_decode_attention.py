@@ -108,6 +108,11 @@ class TilePlan:
     where that cast is a conversion instruction, see use_fast_int8); fp8_qk: Q.K
     as an fp8 MMA when q and K are both e4m3 (per-tensor fp8 caches with
     TRITON_ATTN's fp8 queries; sm_89+, where vLLM allows fp8 caches at all).
+    int8_qk (int8 caches only): Q.K as an int8 MMA on the K codes, K not widened,
+    each query row quantized in the kernel (symmetric, its own scale): 0 off (K
+    widened, a 16-bit MMA); 1 one int8 term per row; 2 two terms, the second the
+    first's remainder at 1/256 of its scale, both MMAs into one int32 accumulator
+    (sm_80+ for the int8 MMA).
     """
 
     tile_n: int | None = None
@@ -116,6 +121,14 @@ class TilePlan:
     num_segments: int | None = None
     fast_int8: bool | None = None
     fp8_qk: bool = False
+    int8_qk: int = 0
+
+    def __post_init__(self) -> None:
+        if self.int8_qk not in (0, 1, 2):
+            raise ValueError(
+                f"TilePlan(int8_qk={self.int8_qk!r}): the int8 Q.K MMA takes 0 (off), 1 or 2 "
+                "query terms"
+            )
 
     def plan_overrides(self) -> dict[str, int]:
         fields = {"tile_n": self.tile_n, "num_warps": self.num_warps,
@@ -133,6 +146,10 @@ class TilePlan:
 #   q = 16; the 8-bit path sits at 255 registers and spills, so smaller chunks
 #   pay. The widening is use_fast_int8's per-arch choice (_widen's bit arithmetic
 #   below sm_90, Triton's own packed cast above). Not measured on an sm_86 card.
+#   int8_qk stays off until the H200 sweep times it: on the interpreter one query term
+#   gave 1.5x stock's error on the same data (9.4e-3 against 6.2e-3), two terms stock's
+#   own (6.1e-3); ptxas reports no fewer spills at these tiles, none at all at 8 warps
+#   for q = 8 on sm_90a (the benchmark doc).
 # - "fp8": the planner's tiles with the fp8 Q.K MMA: the sweep measured it the
 #   fastest config at every context and q (1.6x at q = 8, 1.8x at q = 16 over the
 #   widened path at worst) at the same error against the float32 reference
@@ -222,8 +239,40 @@ def _widen(x, OUT_FP16: tl.constexpr, FAST_INT8: tl.constexpr):
 
 
 @triton.jit
+def _int8_rows(x):
+    """x (float32, |x| <= 128) rounded to the nearest integer, half up, as int8 codes
+    clamped to +-127: a row's max is 127 up to float32 rounding, and a second term's
+    remainder can round to 128, where the clamp loses at most one of its steps."""
+    return tl.minimum(tl.maximum(tl.floor(x + 0.5), -127.0), 127.0).to(tl.int8)
+
+
+@triton.jit
+def _quantize_q(q, INT8_QK: tl.constexpr):
+    """A query tile as int8 codes for Q.K on the int8 MMA, once per program: each row
+    symmetric with its own scale absmax / 127 (a zero row gets codes 0). INT8_QK = 2
+    adds the remainder as a second term at 1/256 of that scale, so that
+    q ~= (256 * q_hi + q_lo) * q_sc exactly as the kernel combines the two MMAs.
+    Returns (q_hi, q_lo, q_sc); q_lo is q_hi for one term (never read)."""
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.abs(qf), axis=1)
+    # A masked (zero) row divides by the floor, not by 0: its codes stay 0.
+    x = qf * (127.0 / tl.maximum(amax, 1.0e-30))[:, None]
+    q_hi = _int8_rows(x)
+    q_sc = amax / 127.0
+    if INT8_QK == 2:
+        # x - q_hi is in [-0.5, 0.5]: at 256x it fills the int8 range.
+        q_lo = _int8_rows((x - q_hi.to(tl.float32)) * 256.0)
+        q_sc = q_sc / 256.0
+    else:
+        q_lo = q_hi
+    return q_hi, q_lo, q_sc
+
+
+@triton.jit
 def _attend_tile(
     q,
+    q_lo,
+    q_sc,
     acc,
     m_i,
     l_i,
@@ -252,6 +301,7 @@ def _attend_tile(
     OUT_FP16: tl.constexpr,
     FAST_INT8: tl.constexpr,
     FP8_QK: tl.constexpr,
+    INT8_QK: tl.constexpr,
 ):
     """One online-softmax step over KV tokens [start, start + TILE_N).
 
@@ -266,6 +316,9 @@ def _attend_tile(
     scales are folded into qk_scale and the output by the caller. FP8_QK: q
     and K are both e4m3 (an fp8 cache with TRITON_ATTN's fp8 queries) and
     Q.K runs as an fp8 MMA on the codes, K not widened at all (sm_89+ only).
+    INT8_QK (int8 per-token-head caches): q is _quantize_q's int8 codes (q_lo its
+    second term for 2) and Q.K an int8 MMA on them and the raw K codes, into int32;
+    the scores are that times q's row scale q_sc and K's token scale.
 
     KV_PTH: one float32 scale per (token, kv head) (vLLM's int8_per_token_head
     and fp8_per_token_head), applied to the scores' and P's columns, a TILE_N
@@ -281,7 +334,7 @@ def _attend_tile(
         k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs)
-    if not FP8_QK:
+    if not FP8_QK and not INT8_QK:
         k = _widen(k, OUT_FP16, FAST_INT8)
     if KV_PTH:
         # Masked slots read scale 1 (an unused slot's scale may be anything).
@@ -293,7 +346,15 @@ def _attend_tile(
         else:
             k_sc = tl.load(ks_base + scale_off)
             v_sc = tl.load(vs_base + (blk * stride_vs_blk + slot * stride_vs_slot))
-        s = tl.dot(q, tl.trans(k)) * k_sc[None, :]
+        if INT8_QK:
+            # int8 x int8 -> int32. Two terms: |256 * hi + lo| <= 257 * 127 * 128 a
+            # product, x 256 of them (the largest head size maybe_create admits) < 2^31.
+            s_i = tl.dot(q, tl.trans(k))
+            if INT8_QK == 2:
+                s_i = tl.dot(q_lo, tl.trans(k), s_i * 256)
+            s = s_i.to(tl.float32) * q_sc[:, None] * k_sc[None, :]
+        else:
+            s = tl.dot(q, tl.trans(k)) * k_sc[None, :]
     else:
         s = tl.dot(q, tl.trans(k))
     if MASKED:
@@ -383,14 +444,15 @@ def _spec_decode_split_kernel(
     OUT_FP16: tl.constexpr = False,
     FAST_INT8: tl.constexpr = False,
     FP8_QK: tl.constexpr = False,
+    INT8_QK: tl.constexpr = 0,
 ):
     """KV_SCALES: 0 for a 16-bit cache; 1 for a per-tensor fp8 cache, whose
     descales k_scale_ptr / v_scale_ptr are [num_seqs, num_kv_heads] (strides
     stride_ks_blk, stride_ks_head; TRITON_ATTN's expanded per-tensor scalar);
     2 for per-token-head scales, [num_blocks, block_size, num_kv_heads] views.
     Q_SCALED: q is fp8 with the per-tensor descale q_scale_ptr[0] (TRITON_ATTN
-    quantizes queries for fp8 caches on CUDA). FAST_INT8, FP8_QK: _widen's and
-    _attend_tile's (KernelOptions)."""
+    quantizes queries for fp8 caches on CUDA). FAST_INT8, FP8_QK, INT8_QK: _widen's
+    and _attend_tile's (TilePlan)."""
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     seg = tl.program_id(2)
@@ -442,6 +504,12 @@ def _spec_decode_split_kernel(
     # (or stays fp8 for an fp8 Q.K, FP8_QK).
     if not FP8_QK:
         q = q.to(out_ptr.dtype.element_ty)
+    # _attend_tile's int8 Q.K operands; placeholders (never read) without it.
+    q_lo = q
+    q_sc = tl.full([BLOCK_M], 1.0, tl.float32)
+    if INT8_QK:
+        # Quantized once here, from the 16-bit q the products would otherwise take.
+        q, q_lo, q_sc = _quantize_q(q, INT8_QK)
     if Q_SCALED:
         qk_scale = qk_scale * tl.load(q_scale_ptr)
     v_sc_tensor = 1.0
@@ -483,11 +551,11 @@ def _spec_decode_split_kernel(
                 bt_row, start + TILE_N, full_end, offs_t, BLOCK_SIZE, TILE_N
             )
             acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
+                q, q_lo, q_sc, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
                 row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
                 stride_v_blk, stride_v_slot, ks_base, vs_base, stride_ks_blk,
                 stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_SCALES == 2,
-                OUT_FP16, FAST_INT8, FP8_QK,
+                OUT_FP16, FAST_INT8, FP8_QK, INT8_QK,
             )
             blk = blk_next
             slot = slot_next
@@ -495,19 +563,19 @@ def _spec_decode_split_kernel(
         for start in range(kv_lo, full_end, TILE_N):
             blk, slot = _block_and_slot(bt_row, start, kv_hi, offs_t, BLOCK_SIZE, TILE_N)
             acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
+                q, q_lo, q_sc, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi,
                 row_limit, qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot,
                 stride_v_blk, stride_v_slot, ks_base, vs_base, stride_ks_blk,
                 stride_ks_slot, stride_vs_blk, stride_vs_slot, False, KV_SCALES == 2,
-                OUT_FP16, FAST_INT8, FP8_QK,
+                OUT_FP16, FAST_INT8, FP8_QK, INT8_QK,
             )
     for start in range(full_end, kv_hi, TILE_N):
         blk, slot = _block_and_slot(bt_row, start, kv_hi, offs_t, BLOCK_SIZE, TILE_N)
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi, row_limit,
+            q, q_lo, q_sc, acc, m_i, l_i, k_base, v_base, blk, slot, start, kv_hi, row_limit,
             qk_scale, offs_t, offs_d, stride_k_blk, stride_k_slot, stride_v_blk,
             stride_v_slot, ks_base, vs_base, stride_ks_blk, stride_ks_slot, stride_vs_blk,
-            stride_vs_slot, True, KV_SCALES == 2, OUT_FP16, FAST_INT8, FP8_QK,
+            stride_vs_slot, True, KV_SCALES == 2, OUT_FP16, FAST_INT8, FP8_QK, INT8_QK,
         )
 
     if NUM_SEGMENTS == 1:
@@ -745,6 +813,9 @@ def _launch_triton_split(
         # Per-tensor fp8 only: a per-token-head cache's queries are 16-bit.
         FP8_QK=(tiles.fp8_qk and kv_scales == _KV_TENSOR
                 and q.dtype == key_cache.dtype == torch.float8_e4m3fn),
+        # int8 per-token-head caches only (16-bit queries there).
+        INT8_QK=tiles.int8_qk if kv_scales == _KV_TOKEN_HEAD and key_cache.dtype == torch.int8
+        else 0,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
