@@ -414,7 +414,7 @@ def time_configs(env: dict[str, Any], ws: Any, copy_bw: float, out_path: Path,
                     t = _time_graph(torch, calls)
                 except Exception as exc:
                     rows.append({"batch": batch, "context": context, "q": q,
-                                 "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                                 "variant": name, "error": error_text(exc)})
                     print("error", rows[-1], flush=True)
                     continue
                 err = ref.compare(outs[0], want, batches[0])
@@ -545,6 +545,16 @@ def split_reduce_calls(env: dict[str, Any], b: Any, out: Any, ws: Any, plan: Any
     return (lambda: run(plan)), (lambda: run(split_plan)), reduce_only
 
 
+def error_text(exc: BaseException) -> str:
+    """An exception for the record: its head and, for Triton's compile errors (which name
+    the outermost call first), its tail, where the failing statement and cause are."""
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None:
+        text += f" <- {type(cause).__name__}: {cause}"
+    return text if len(text) <= 1800 else text[:300] + " [...] " + text[-1500:]
+
+
 def sweep8_row(env: dict[str, Any], cell: Cell, batches: list[Any], want: Any, ws: Any,
                copy_bw: float, name: str, tiles: Any, plan: Any,
                recorder: LaunchRecorder) -> dict[str, Any]:
@@ -645,7 +655,7 @@ def run_sweep8(env: dict[str, Any], ws: Any, copy_bw: float, out_path: Path, bud
                                          plan, recorder)
                     except Exception as exc:  # a config Triton refuses (resources)
                         row = {"kv": kv, "context": cell.context, "q": q, "config": name,
-                               "ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                               "ok": False, "error": error_text(exc)}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                 out_path.write_text(json.dumps(

@@ -351,7 +351,9 @@ def _attend_tile(
             # product, x 256 of them (the largest head size maybe_create admits) < 2^31.
             s_i = tl.dot(q, tl.trans(k))
             if INT8_QK == 2:
-                s_i = tl.dot(q_lo, tl.trans(k), s_i * 256)
+                # Two MMAs summed outside, not the second accumulating onto the
+                # first: Triton 3.6 refused that form for sm_90 (the H200 sweep).
+                s_i = s_i * 256 + tl.dot(q_lo, tl.trans(k))
             s = s_i.to(tl.float32) * q_sc[:, None] * k_sc[None, :]
         else:
             s = tl.dot(q, tl.trans(k)) * k_sc[None, :]
