@@ -17,7 +17,7 @@
 #     LIFE_KV=kvarn SPEC=off BUDGET_S=400 bash .device/gpue2e/serve_on_device.sh
 #   which first drives the KVARN backend's builder and forward over the patch tier's token
 #   stream with the compiled kernels ($OUT/kvarn_stream.pt, for test_patch_kvarn_backend.py;
-#   KVARN_PROBE=0 skips it). SPEC=mtp instead serves MTP with its drafter on the kvarn cache.
+#   LIFE_KV_PROBE=0 skips it). SPEC=mtp instead serves MTP with its drafter on the kvarn cache.
 # It unpacks the rest, records the machine and the imports, adds the MTP head to the demo
 # model (SPEC=mtp) or a looping LM head and a random DFlash2 drafter (SPEC=dflash2), serves it
 # through `qwen3090 serve` with CUDA graphs (exercise_server.py) and writes $OUT/result.json
@@ -140,7 +140,8 @@ if [ "${DRY:-0}" = 1 ]; then
 fi
 
 # 4. serve, exercise, SIGINT; the record and the log come back
-if [ "$LIFE_KV" = kvarn ] && [ "${KVARN_PROBE:-1}" = 1 ]; then
+# (LIFE_, not KVARN_: `qwen3090 serve` refuses KVARN_* variables this build does not read.)
+if [ "$LIFE_KV" = kvarn ] && [ "${LIFE_KV_PROBE:-1}" = 1 ]; then
   # The backend alone first: a failure here is cheaper to read than a server's.
   t1=$(date +%s)
   ( cd "$ROOT/python/tests/patch/probes" && \
