@@ -74,6 +74,17 @@ def test_selection_by_name_by_import_and_infrastructure(tmp_path: Path) -> None:
     assert by_module[envs].files == ("tests/test_envs.py",)
 
 
+def test_a_name_selects_only_up_to_a_word_boundary(tmp_path: Path) -> None:
+    # kvarn-backend patches vllm/platforms/cuda.py: vLLM's CUDA-graph tests are not named for
+    # it, and a bare prefix match ran them both sides (the tier then outran its bound).
+    write(tmp_path / "tests/cuda/test_cuda.py", "x = 1\n")
+    write(tmp_path / "tests/cuda/test_cuda_compat.py", "x = 1\n")
+    write(tmp_path / "tests/v1/cudagraph/test_cudagraph_mode.py", "x = 1\n")
+    cuda = Module("vllm/platforms/cuda.py", ("k.patch",))
+    (selection,) = select((cuda,), sdist_test_files(tmp_path))
+    assert selection.files == ("tests/cuda/test_cuda.py", "tests/cuda/test_cuda_compat.py")
+
+
 def _series_with(tmp_path: Path, header_line: str) -> Path:
     patches = tmp_path / "patches"
     write(patches / "series", "# vllm-version: 0.28.0\nfix-x.patch\n")

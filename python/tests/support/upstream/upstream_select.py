@@ -6,7 +6,8 @@ adds (its ``# adds:`` header lines), read from the series at run time.
 Selection rule, per module M (``vllm/a/b/stem.py``, dotted ``vllm.a.b.stem``): a file of the
 sdist's ``tests/`` whose name starts with ``test_`` is selected if
 
-- its name is ``test_<stem>*.py`` (named for M), or
+- its name is ``test_<stem>.py`` or ``test_<stem>_*.py`` (named for M: the stem ends at a word
+  boundary, so ``test_cudagraph_mode.py`` is not named for ``cuda.py``), or
 - it imports M by name: ``import vllm.a.b.stem``, ``from vllm.a.b.stem import ...`` or
   ``from vllm.a.b import stem`` (absolute imports anywhere in the file, read with ``ast``),
 
@@ -137,8 +138,9 @@ def select(modules: tuple[Module, ...], tests: dict[str, set[str]]) -> tuple[Sel
     """Apply the selection rule of this module's docstring to each module."""
     selections = []
     for module in modules:
-        prefix = f"test_{module.stem}"
-        by_name = tuple(f for f in tests if Path(f).name.startswith(prefix))
+        exact, prefix = f"test_{module.stem}.py", f"test_{module.stem}_"
+        by_name = tuple(f for f in tests
+                        if Path(f).name == exact or Path(f).name.startswith(prefix))
         by_import = tuple(f for f, imports in tests.items() if module.dotted in imports)
         selections.append(Selection(module, by_name, by_import,
                                     len(by_import) > INFRASTRUCTURE_IMPORTERS))
