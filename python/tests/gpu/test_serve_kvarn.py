@@ -7,9 +7,11 @@ serves and stays finite, not that it is accurate: the patch tier and the kernel 
 bound its error), through ``qwen3090 serve`` on ``--kv-cache-dtype kvarn_k4v2_g128``
 (exercise_server.KVARN_ARGS): the MTP tier's client steps without a speculator, then long
 greedy completions that close and open 128-token tiles, each sent twice (the second
-reads the first's tiles from the prefix cache). The record, ``serve_kvarn_result.json`` beside
-this file, is the run's own output committed as data; QWEN3090_GPU_KVARN_RECORD points these
-tests at another.
+reads the first's tiles from the prefix cache). SPEC=mtp serves the same steps with MTP, its
+drafter's attention on KVARN too. The records beside this file, ``serve_kvarn_result.json``
+(SPEC=off) and ``serve_kvarn_mtp_result.json`` (SPEC=mtp), are the runs' own output committed
+as data; QWEN3090_GPU_KVARN_RECORD and QWEN3090_GPU_KVARN_MTP_RECORD point these tests at
+others.
 """
 
 from __future__ import annotations
@@ -25,20 +27,29 @@ from tests.gpu.test_serve_on_device import PATCHES, RERUN, load_record
 
 pytestmark = pytest.mark.gpu
 
-RECORD = Path(
-    os.environ.get("QWEN3090_GPU_KVARN_RECORD")
-    or Path(__file__).with_name("serve_kvarn_result.json")
-)
-LIFE = "kv=kvarn spec=off"
+
+def _record(variable: str, name: str) -> Path:
+    return Path(os.environ.get(variable) or Path(__file__).with_name(name))
+
+
+# speculator -> the record of that LIFE_KV=kvarn life
+RECORDS = {
+    "off": _record("QWEN3090_GPU_KVARN_RECORD", "serve_kvarn_result.json"),
+    "mtp": _record("QWEN3090_GPU_KVARN_MTP_RECORD", "serve_kvarn_mtp_result.json"),
+}
 TILE = 128
 
 
-@pytest.fixture(scope="module")
-def life() -> dict[str, Any]:
-    data = load_record(RECORD, load_series(PATCHES).digest, f"{RERUN} with LIFE_KV=kvarn")
+@pytest.fixture(scope="module", params=sorted(RECORDS))
+def life(request: pytest.FixtureRequest) -> dict[str, Any]:
+    spec: str = request.param
+    record = RECORDS[spec]
+    data = load_record(record, load_series(PATCHES).digest,
+                       f"{RERUN} with LIFE_KV=kvarn SPEC={spec}")
+    label = f"kv=kvarn spec={spec}"
     attempt: dict[str, Any] | None = next(
-        (a for a in data.get("attempts", []) if a["label"] == LIFE), None)
-    assert attempt is not None, f"{RECORD.name} has no {LIFE!r} life"
+        (a for a in data.get("attempts", []) if a["label"] == label), None)
+    assert attempt is not None, f"{record.name} has no {label!r} life"
     return attempt
 
 
@@ -97,3 +108,16 @@ def test_no_kvarn_kernel_compiles_after_warm_up(life: dict[str, Any]) -> None:
         pytest.skip("vLLM's JIT monitor did not run in this life")
     late = [k for k in jit["kernels"] if "kvarn" in k]
     assert late == [], jit["kernels"]
+
+
+def test_the_mtp_drafter_ran_on_kvarn(life: dict[str, Any]) -> None:
+    """SPEC=mtp: the drafter's layer attends over KVARN tiles as well (its speculative config
+    names the backend) and drafted on every decode step. The demo's MTP head is random, so
+    acceptance says nothing here; that the drafts were made and verified does."""
+    if life["serve"]["spec"] != "mtp":
+        pytest.skip("a life without a speculator")
+    assert '"attention_backend": "KVARN"' in life["serve"]["knobs"]["EXTRA_ARGS"]
+    assert life["pool"]["attention_backends"] == ["KVARN"], life["pool"]
+    decode = life["decode"]
+    assert decode["spec"] == "mtp" and decode["spec_drafts"], decode
+    assert decode["spec_draft_tokens"] >= decode["spec_drafts"], decode
