@@ -61,6 +61,8 @@ STOCK_COMPILATION_KEYS = frozenset({"max_cudagraph_capture_size", "custom_ops", 
 
 
 NOT_IN_REPOSITORY = "not in this repository"
+# Not a real flag: the need of SPEC=dflash2 at CTX=huge (its drafter on the KVarN cache).
+KVARN_DRAFTER_SLIDING_WINDOW = "--speculative-config=dflash+kvarn_k4v2_g128"
 
 
 @dataclass(frozen=True)
@@ -120,12 +122,20 @@ EMITTED: tuple[Emitted, ...] = (
             "vision tower weights in host RAM (gotcha 8)", None,
             "VISION_OFFLOAD=0 (the tower stays in GPU memory; lower KV_MEM by 1 GiB)",
             gpu_only=True),
-    Emitted("env", "KVARN_POOL_MEM_FRAC", "kvarn", "the KVarN KV cache pool", None,
-            "CTX=long (single-user) or KV=int4pth (batch)"),
     Emitted("env", "VLLM_API_KEY", None, "the API key (serve sets it from API_KEY_FILE)"),
-    Emitted("flag-value", "--kv-cache-dtype=kvarn_k4v2_g128", "kvarn",
-            "the KVarN KV cache (gotcha 46)", None,
-            "CTX=long (single-user) or KV=int4pth (batch)"),
+    # The KVARN attention backend (issue 24). The original's KVARN_POOL_MEM_FRAC has no row:
+    # it budgeted that port's fp16 pool of open tiles, which here is the backend's staging,
+    # sized from max_num_seqs at model construction and charged by vLLM's memory profiler
+    # (python/docs/kvarn.md), so nothing in this build reads it.
+    Emitted("flag-value", "--kv-cache-dtype=kvarn_k4v2_g128", "kvarn-backend",
+            "the KVarN KV cache (4-bit keys, 2-bit values, 128-token tiles)",
+            "kvarn-backend.patch", "CTX=long (single-user) or KV=int4pth (batch)",
+            gpu_only=True),
+    # DFlash2's drafter has sliding-window layers; on CTX=huge they would share the kvarn
+    # cache, whose backend serves full causal attention only and refuses them at start-up.
+    Emitted("flag-value", KVARN_DRAFTER_SLIDING_WINDOW, "kvarn-sliding-window",
+            "the DFlash2 drafter's sliding-window layers on the KVarN cache", None,
+            "SPEC=mtp with CTX=huge, or CTX=long with SPEC=dflash2", gpu_only=True),
 )
 
 NEEDS: dict[str, Emitted] = {n.name: n for n in EMITTED if n.feature is not None}

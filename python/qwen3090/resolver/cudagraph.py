@@ -22,6 +22,13 @@ def cudagraph_rules(s: Settings, b: PlanBuilder, spec: Spec, ctx: Ctx) -> None:
                 )
         elif s.cudagraph_mode is not None:
             b.cudagraph_mode = s.cudagraph_mode
+        if spec == "mtp" and b.prefix_cache:
+            b.warnings.append(
+                "SPEC=mtp with PREFIX_CACHE=1 at CTX=huge: the original's KVarN returned wrong "
+                "and sometimes NaN prompt_logprobs for co-scheduled requests in exactly this "
+                "combination (gotcha 46), and this port's has not been checked for it; measure "
+                "perplexity with PREFIX_CACHE=0 (generation is not implicated)"
+            )
         if b.max_seqs > P.HUGE_MAX_SEQS_WARN:
             b.warnings.append(
                 f"MAX_SEQS={b.max_seqs} > {P.HUGE_MAX_SEQS_WARN} at CTX=huge: the engine boots, "

@@ -4,10 +4,11 @@ split-KV verify attention, then the CTX=huge / CUDA-graph rules."""
 from __future__ import annotations
 
 from qwen3090 import profiles as P
+from qwen3090.capabilities import KVARN_DRAFTER_SLIDING_WINDOW
 from qwen3090.errors import Qwen3090Error
 from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
 from qwen3090.resolver.capgate import CapabilityGate
-from qwen3090.resolver.common import cache_row, int8, kv_mem_warnings
+from qwen3090.resolver.common import cache_row, int8, kv_mem_warnings, kvarn_staging_warning
 from qwen3090.resolver.cudagraph import cudagraph_rules
 from qwen3090.resolver.dflash2 import dflash2
 from qwen3090.resolver.int8_layers import check_int8_layers
@@ -23,6 +24,8 @@ def single_user(
     cache = P.SINGLE_USER_CACHE[(spec, ctx)]
     b.gpu_util = s.gpu_util if s.gpu_util is not None else P.SINGLE_USER_GPU_UTIL
     cache_row(cache, b, gate, knob="CTX", explicit=s.given("CTX"), setting=ctx)
+    if spec == "dflash2" and cache.kv_cache_dtype == "kvarn_k4v2_g128":
+        gate.admit(KVARN_DRAFTER_SLIDING_WINDOW, ctx, knob="CTX", explicit=True)
     b.warnings += no_effect(s, ("KV",), "KV chooses the batch profile's cache; single-user "
                             "takes it from CTX")
     if cache.spec_attn == "off":  # before the speculator: its warning comes first
@@ -44,6 +47,7 @@ def single_user(
         )
     int8(s, b, gate, default_on=False)
     check_int8_layers(s, b)
+    kvarn_staging_warning(b)
 
 
 def _mtp_or_off(s: Settings, b: PlanBuilder, spec: Spec, ctx: Ctx) -> None:

@@ -49,7 +49,8 @@ def test_a_variable_a_knob_owns_names_the_knob(name: str, knob: str, tmp_path: P
 
 
 @pytest.mark.parametrize("name", ["VLLM_DFLASH2_LOOKUP_STICKY", "VLLM_DFLASH2_LOOKUP_CHEAP_CTX",
-                                  "VLLM_NO_SUCH_KNOB", "KVARN_SOMETHING"])
+                                  "VLLM_NO_SUCH_KNOB", "KVARN_SOMETHING",
+                                  "KVARN_POOL_MEM_FRAC"])
 def test_a_variable_nothing_reads_is_refused(name: str, tmp_path: Path) -> None:
     text = _refused({}, {name: "1"}, tmp_path)
     assert f"does not read {name}" in text

@@ -63,7 +63,6 @@ def expected_single_user(
     else:
         flags["--kv-cache-dtype"] = "kvarn_k4v2_g128"
         flags["--block-size"] = "128"
-        env["KVARN_POOL_MEM_FRAC"] = "0.15"
     _prefix(flags, prefix, ctx == "huge")
     compilation: dict[str, object]
     if spec == "dflash2":
@@ -162,7 +161,6 @@ def expected_batch(kv: str, int8: bool) -> tuple[dict[str, str | None], dict[str
     else:
         flags.update({"--max-model-len": "262144", "--gpu-memory-utilization": "0.93",
                       "--kv-cache-dtype": "kvarn_k4v2_g128", "--block-size": "128"})
-        env["KVARN_POOL_MEM_FRAC"] = "0.25"
     if int8:
         env["VLLM_MARLIN_INPUT_DTYPE"] = "int8"
         env["VLLM_MARLIN_INT8_INCLUDE_RE"] = "mlp"

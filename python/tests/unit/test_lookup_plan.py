@@ -26,12 +26,14 @@ PATCH = "dflash2-lookup.patch"
 
 def series_caps(*, without: str | None = None) -> Capabilities:
     """What a build of patches/series provides, from the patch headers (as its manifest), plus
-    the KVarN cache, which CTX=huge needs and no patch here provides yet (issue 24)."""
+    the DFlash2 drafter's sliding-window layers on the KVarN cache, which SPEC=dflash2 CTX=huge
+    needs and no patch here provides yet (issue 24)."""
     patches = [p for p in load_series(PATCHES).patches if p.file != without]
     return Capabilities(
-        env=frozenset({*(e for p in patches for e in p.header.env), "KVARN_POOL_MEM_FRAC"}),
-        flags=frozenset({*(f for p in patches for f in p.header.flags), "kvarn_k4v2_g128"}),
-        features=frozenset({*(f for p in patches for f in p.header.features), "kvarn"}),
+        env=frozenset(e for p in patches for e in p.header.env),
+        flags=frozenset(f for p in patches for f in p.header.flags),
+        features=frozenset({*(f for p in patches for f in p.header.features),
+                            "kvarn-sliding-window"}),
         patches=tuple(p.file for p in patches),
         source="patches/series" + (f" without {without}" if without else ""),
     )

@@ -27,7 +27,11 @@ def _provides(patch: Patch, kind: str, name: str) -> bool:
     if kind == "env":
         return name in patch.header.env
     value = name.partition("=")[2]
-    return name in patch.header.flags or value in patch.header.flags
+    if name in patch.header.flags or value in patch.header.flags:
+        return True
+    # A flag value may be provided as a feature, as Capabilities.has reads a manifest.
+    need = NEEDS.get(name)
+    return need is not None and need.feature in patch.header.features
 
 
 def test_every_provided_by_is_a_patch_whose_header_provides_it(series: dict[str, Patch]) -> None:

@@ -1,0 +1,78 @@
+"""Issue 24: the KVarN rows (CTX=huge, batch KV=kvarn) on a build of this repository's series.
+
+The capabilities come from the patch headers of ``patches/series`` alone, as the build manifest
+would list them, so these plans are what ``qwen3090 plan`` gives on the real build."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from qwen3090 import profiles as P
+from qwen3090.capabilities import Capabilities
+from qwen3090.errors import Qwen3090Error
+from qwen3090.patchtool import load_series
+from qwen3090.resolver.common import kvarn_staging_bytes
+from tests.support.planning import arg_map, plan_for
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[3]
+BACKEND = REPO / "patches" / "overlay" / "vllm" / "v1" / "attention" / "backends" / "kvarn_attn.py"
+GIB = 1 << 30
+
+
+def series_caps() -> Capabilities:
+    patches = load_series(REPO / "patches").patches
+    return Capabilities(
+        env=frozenset(e for p in patches for e in p.header.env),
+        flags=frozenset(f for p in patches for f in p.header.flags),
+        features=frozenset(f for p in patches for f in p.header.features),
+        patches=tuple(p.file for p in patches),
+        source="patches/series",
+    )
+
+
+def test_ctx_huge_plans_the_kvarn_cache_on_the_series(tmp_path: Path) -> None:
+    plan = plan_for({"CTX": "huge", "PREFIX_CACHE": "1"}, caps=series_caps(), cwd=tmp_path)
+    args = arg_map(plan.vllm_args)
+    assert args["--kv-cache-dtype"] == "kvarn_k4v2_g128"
+    assert args["--block-size"] == "128"
+    assert args["--prefix-match-unit"] == "128"
+    assert args["--max-model-len"] == "200000"
+    # The original's pool fraction has no reader here, so the plan does not set it.
+    assert not [k for k in plan.env if k.startswith("KVARN_")], plan.env
+    assert any("gotcha 46" in w for w in plan.warnings), plan.warnings
+
+
+def test_batch_kvarn_plans_on_the_series_and_prices_its_seats(tmp_path: Path) -> None:
+    plan = plan_for({"KV": "kvarn"}, cli={"PROFILE": "batch"}, caps=series_caps(),
+                    cwd=tmp_path)
+    assert arg_map(plan.vllm_args)["--kv-cache-dtype"] == "kvarn_k4v2_g128"
+    staging = [w for w in plan.warnings if "staging" in w]
+    assert len(staging) == 1 and "MAX_SEQS=64" in staging[0] and "2.01 GiB" in staging[0]
+    few = plan_for({"KV": "kvarn", "MAX_SEQS": "8"}, cli={"PROFILE": "batch"},
+                   caps=series_caps(), cwd=tmp_path)
+    assert not [w for w in few.warnings if "staging" in w], few.warnings
+
+
+def test_dflash2_at_ctx_huge_is_refused_before_the_engine_refuses_it(tmp_path: Path) -> None:
+    with pytest.raises(Qwen3090Error) as err:
+        plan_for({"SPEC": "dflash2", "CTX": "huge"}, caps=series_caps(), cwd=tmp_path)
+    assert err.value.message.startswith("CTX=huge ")
+    assert "kvarn-sliding-window" in err.value.message
+    assert "SPEC=mtp" in (err.value.fix or "")
+
+
+def test_the_staging_figures_are_the_backends() -> None:
+    """profiles' seat price mirrors kvarn_attn.py's staging: entries a seat and the tile."""
+    text = BACKEND.read_text()
+    entries = re.search(r"^STAGE_ENTRIES_PER_SEQ = (\d+)$", text, re.M)
+    rows = re.search(r"rows = \(stage_entries\(max_num_seqs\) \+ 1\) \* TILE", text)
+    assert entries is not None and rows is not None
+    assert int(entries.group(1)) == P.KVARN_STAGE_TILES_PER_SEAT
+    # 16 attention layers x 128 rows x 4 kv heads x head 256, bf16 K and V.
+    assert kvarn_staging_bytes(64) == 257 * 16 * 128 * 4 * 256 * 2 * 2
+    assert 2.0 * GIB < kvarn_staging_bytes(64) < 2.1 * GIB
