@@ -4,7 +4,7 @@ GPU, against bf16 attention over the same keys and values, side by side in one r
 Not a test: run it on a CUDA machine with torch and Triton (no vLLM needed)::
 
     python kvarn_attn.py [--contexts 16384,65536,131072,262144] [--queries 1,8]
-                         [--budget 150] [--json OUT.json]
+                         [--budget 150] [--json OUT.json] [--stock [--tree DIR]]
 
 Per context it stores a request's keys and values (4 kv heads, head size 256, keys with a
 per-channel offset and three outlier channels, as the interpreter tests use) and prints:
@@ -14,7 +14,10 @@ calls, each including its scratch allocation and both passes) next to torch's
 scaled_dot_product_attention over the bf16 keys and values; the relative error of the kvarn
 output against float32 attention over the original (unquantized) rows; and a needle check: a
 key planted to match the last query row, whose value the kvarn output must still point to
-(cosine similarity).
+(cosine similarity). With ``--stock`` (vLLM's python tree importable, or given as ``--tree``)
+it also times vLLM 0.28.0's ``unified_attention``, as TRITON_ATTN calls it, over a paged bf16
+cache and a paged fp8 (e4m3, per-tensor scale) cache of the same rows, 16-token blocks: the
+same kernel on both, so its bf16/fp8 ratio and kvarn's stand side by side.
 """
 
 from __future__ import annotations
@@ -90,8 +93,76 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int) -> to
     return torch.einsum("hqk,hkd->qhd", s.softmax(-1), vv)
 
 
+STOCK_BLOCK = 16
+FP8_MAX = 448.0
+
+
+class Stock:
+    """vLLM's unified_attention over paged bf16 and fp8 copies of one request's rows."""
+
+    def __init__(self, tree: Path | None) -> None:
+        if tree is not None:
+            sys.path.insert(0, str(tree))
+        import importlib
+
+        self.tua = importlib.import_module("vllm.v1.attention.ops.triton_unified_attention")
+        self.modes = importlib.import_module("vllm.v1.kv_cache_interface").KVQuantMode
+
+    def caches(self, k: torch.Tensor, v: torch.Tensor) -> dict[str, Any]:
+        """Paged [blocks, 16, kv heads, D] caches, bf16 and fp8 with per-tensor scales."""
+        ctx = k.shape[0]
+        blocks = -(-ctx // STOCK_BLOCK)
+        pad = blocks * STOCK_BLOCK - ctx
+
+        def paged(x: torch.Tensor) -> torch.Tensor:
+            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+            return x.view(blocks, STOCK_BLOCK, KV_HEADS, HEAD_SIZE).contiguous()
+
+        k_scale = (k.float().abs().amax() / FP8_MAX).reshape(())
+        v_scale = (v.float().abs().amax() / FP8_MAX).reshape(())
+        fp8 = torch.float8_e4m3fn
+        return {
+            "bf16": (paged(k), paged(v), None, None),
+            "fp8": (paged((k.float() / k_scale).to(fp8)), paged((v.float() / v_scale).to(fp8)),
+                    k_scale, v_scale),
+            "table": torch.arange(blocks, dtype=torch.int32, device=k.device)[None, :],
+        }
+
+    def call(self, caches: dict[str, Any], dtype: str, q: torch.Tensor,
+             ctx: int) -> Any:
+        key, value, k_scale, v_scale = caches[dtype]
+        nq, heads = q.shape[0], q.shape[1]
+        dev = q.device
+        threshold = 128 // KV_HEADS  # MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads, as TRITON_ATTN
+        segm_out = torch.empty((threshold, heads, 16, HEAD_SIZE), device=dev)
+        segm_max = torch.empty((threshold, heads, 16), device=dev)
+        segm_sum = torch.empty((threshold, heads, 16), device=dev)
+        out = torch.empty_like(q)
+        quant: dict[str, Any] = {}
+        descale: tuple[Any, Any] = (None, None)
+        if k_scale is not None:
+            quant = {"kv_quant_mode": self.modes.FP8_PER_TENSOR}
+            descale = (k_scale.expand(1, KV_HEADS), v_scale.expand(1, KV_HEADS))
+        starts = torch.tensor([0, nq], dtype=torch.int32, device=dev)
+        lens = torch.tensor([ctx], dtype=torch.int32, device=dev)
+
+        def run() -> torch.Tensor:
+            self.tua.unified_attention(
+                q=q, k=key, v=value, out=out, cu_seqlens_q=starts, max_seqlen_q=nq,
+                seqused_k=lens, max_seqlen_k=ctx, softmax_scale=HEAD_SIZE ** -0.5,
+                causal=True, window_size=(-1, -1), block_table=caches["table"], softcap=0,
+                q_descale=None, k_descale=descale[0], v_descale=descale[1],
+                seq_threshold_3D=threshold, num_par_softmax_segments=16,
+                softmax_segm_output=segm_out, softmax_segm_max=segm_max,
+                softmax_segm_expsum=segm_sum, **quant)
+            return out
+
+        return run
+
+
 def cell(
-    kv: ModuleType, ctx: int, queries: list[int], gen: torch.Generator
+    kv: ModuleType, ctx: int, queries: list[int], gen: torch.Generator,
+    stock: Stock | None = None,
 ) -> list[dict[str, Any]]:
     dev = DEVICE
     k = keys_like(ctx, gen)
@@ -120,6 +191,7 @@ def cell(
     seq_lens = torch.tensor([ctx], dtype=torch.int32, device=dev)
     cache_bytes_per_token = cache.numel() / (blocks * BLOCK)
     kh, vh = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    paged = stock.caches(k, v) if stock is not None else None
     rows = []
     for nq in queries:
         q = q_rows[-nq:].contiguous()
@@ -160,6 +232,15 @@ def cell(
                "kvarn_over_bf16": kvarn_us / bf16_us,
                "rel_err_vs_unquantized": rel, "needle_cosine": cos,
                "finite": bool(torch.isfinite(out).all())}
+        if stock is not None and paged is not None:
+            ref_rows = reference(q, k, v, ctx)
+            for dtype in ("bf16", "fp8"):
+                run_stock = stock.call(paged, dtype, q, ctx)
+                row[f"stock_{dtype}_us"] = timed(run_stock, 20)
+                got_stock = run_stock().float()
+                row[f"stock_{dtype}_rel_err"] = float(
+                    (got_stock - ref_rows).norm() / ref_rows.norm())
+            row["kvarn_over_stock_fp8"] = kvarn_us / row["stock_fp8_us"]
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -172,6 +253,10 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=150.0,
                    help="seconds: contexts not started by then are listed as skipped")
     p.add_argument("--json", type=Path)
+    p.add_argument("--stock", action="store_true",
+                   help="also time vLLM's unified_attention over bf16 and fp8 paged caches")
+    p.add_argument("--tree", type=Path, default=None,
+                   help="a directory holding vLLM's python tree (vllm/), for --stock")
     p.add_argument("--smoke", action="store_true",
                    help="run on the CPU under TRITON_INTERPRET=1 (set it) at the given contexts")
     args = p.parse_args()
@@ -183,6 +268,13 @@ def main() -> int:
     import triton
 
     kv = load_kvarn()
+    if args.smoke and args.stock:
+        # The interpreter's bf16 dots are wrong without it, and unified_attention makes them.
+        sys.path.insert(0, str(HERE.parent))
+        from tests.support.spec_decode_ref import fix_interpreter_bf16_dot
+
+        fix_interpreter_bf16_dot()
+    stock = Stock(args.tree) if args.stock else None
     gen = torch.Generator().manual_seed(0)
     queries = [int(x) for x in args.queries.split(",")]
     started = time.monotonic()
@@ -192,7 +284,7 @@ def main() -> int:
         if time.monotonic() - started > args.budget:
             skipped.append(ctx)
             continue
-        rows.extend(cell(kv, ctx, queries, gen))
+        rows.extend(cell(kv, ctx, queries, gen, stock))
     card = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (interpreter)"
     result = {"card": card, "torch": torch.__version__,
               "triton": triton.__version__, "rows": rows, "skipped_contexts": skipped}
@@ -205,6 +297,17 @@ def main() -> int:
         print(f"| {r['context']:,} | {r['q']} | {r['kvarn_us']:.1f} | {r['bf16_sdpa_us']:.1f} | "
               f"{r['kvarn_over_bf16']:.2f} | {r['rel_err_vs_unquantized']:.3f} | "
               f"{r['needle_cosine']:.3f} | {r['cache_bytes_per_token_per_layer']:.0f} |")
+    if any("stock_fp8_us" in r for r in rows):
+        print("\n| context | q | kvarn µs | stock bf16 µs | stock fp8 µs | kvarn / fp8 | "
+              "fp8 / bf16 | rel err kvarn / fp8 / bf16 |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---|")
+        for r in rows:
+            print(f"| {r['context']:,} | {r['q']} | {r['kvarn_us']:.1f} | "
+                  f"{r['stock_bf16_us']:.1f} | {r['stock_fp8_us']:.1f} | "
+                  f"{r['kvarn_over_stock_fp8']:.2f} | "
+                  f"{r['stock_fp8_us'] / r['stock_bf16_us']:.2f} | "
+                  f"{r['rel_err_vs_unquantized']:.3f} / {r['stock_fp8_rel_err']:.3f} / "
+                  f"{r['stock_bf16_rel_err']:.4f} |")
     return 0
 
 
