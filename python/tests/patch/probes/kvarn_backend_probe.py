@@ -92,7 +92,6 @@ def selector_section() -> dict[str, Any]:
 def stream_section(path: str, device_name: str) -> dict[str, Any]:
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.kvarn_attn import KVarNAttentionBackend
     from vllm.v1.attention.ops import kvarn
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
@@ -142,20 +141,8 @@ def stream_section(path: str, device_name: str) -> dict[str, Any]:
             blocks = owned.setdefault(r, [])
             while len(blocks) * BLOCK < sum(batch[r]):
                 blocks.append(free.pop(0))
-        width = max(len(owned[r]) for r in reqs)
-        table = torch.zeros(len(reqs), width, dtype=torch.int32)
-        for i, r in enumerate(reqs):
-            table[i, :len(owned[r])] = torch.tensor(owned[r])
-        q_lens = [batch[r][1] for r in reqs]
-        seq_lens = torch.tensor([sum(batch[r]) for r in reqs], dtype=torch.int32)
-        qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-        tokens = int(qsl[-1])
-        cam = CommonAttentionMetadata(
-            query_start_loc=qsl.to(device), query_start_loc_cpu=qsl,
-            seq_lens=seq_lens.to(device),
-            num_reqs=len(reqs), num_actual_tokens=tokens, max_query_len=max(q_lens),
-            max_seq_len=int(seq_lens.max()), block_table_tensor=table.to(device),
-            slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device))
+        cam = common_metadata(batch, owned, device)
+        tokens = cam.num_actual_tokens
         md = builder.build(0, cam)
         key = torch.cat([keys[step][r] for r in reqs]).to(device)
         value = torch.cat([values[step][r] for r in reqs]).to(device)
@@ -172,7 +159,10 @@ def stream_section(path: str, device_name: str) -> dict[str, Any]:
             "lost_tiles": int(builder.lost_tiles)}
 
 
-def common_metadata(batch: dict[str, tuple[int, int]], blocks: dict[str, list[int]]) -> Any:
+def common_metadata(batch: dict[str, tuple[int, int]], blocks: dict[str, list[int]],
+                    device: Any = "cpu") -> Any:
+    """The runner's metadata for one step: ``batch`` maps each request to (cached tokens, new
+    tokens), ``blocks`` to its block ids (rows padded with the null block 0)."""
     import torch
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
@@ -180,12 +170,16 @@ def common_metadata(batch: dict[str, tuple[int, int]], blocks: dict[str, list[in
     q_lens = [batch[r][1] for r in reqs]
     seq_lens = torch.tensor([sum(batch[r]) for r in reqs], dtype=torch.int32)
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    table = torch.tensor([blocks[r] for r in reqs], dtype=torch.int32)
+    table = torch.zeros(len(reqs), max(len(blocks[r]) for r in reqs), dtype=torch.int32)
+    for i, r in enumerate(reqs):
+        table[i, :len(blocks[r])] = torch.tensor(blocks[r], dtype=torch.int32)
+    tokens = int(qsl[-1])
     return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens,
-        num_reqs=len(reqs), num_actual_tokens=int(qsl[-1]), max_query_len=max(q_lens),
-        max_seq_len=int(seq_lens.max()), block_table_tensor=table,
-        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64))
+        query_start_loc=qsl.to(device), query_start_loc_cpu=qsl.clone(),
+        seq_lens=seq_lens.to(device), num_reqs=len(reqs), num_actual_tokens=tokens,
+        max_query_len=max(q_lens), max_seq_len=int(seq_lens.max()),
+        block_table_tensor=table.to(device),
+        slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device))
 
 
 def starved_section() -> dict[str, Any]:
