@@ -61,8 +61,9 @@ STOCK_COMPILATION_KEYS = frozenset({"max_cudagraph_capture_size", "custom_ops", 
 
 
 NOT_IN_REPOSITORY = "not in this repository"
-# Not a real flag: the need of SPEC=dflash2 at CTX=huge (its drafter on the KVarN cache).
-KVARN_DRAFTER_SLIDING_WINDOW = "--speculative-config=dflash+kvarn_k4v2_g128"
+# Not a flag the plan emits: what SPEC=dflash2 at CTX=huge needs of the build (its drafter's
+# sliding-window layers on the KVarN cache); only the capability decides it.
+KVARN_DRAFTER_SLIDING_WINDOW = "sliding-window attention on kvarn_k4v2_g128"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,26 @@ FULL = Capabilities(
 )
 
 
+PATCHES = Path(__file__).resolve().parents[3] / "patches"
+
+
+def series_caps(*, without: str | None = None,
+                extra_features: tuple[str, ...] = ()) -> Capabilities:
+    """What a build of patches/series provides, read from the patch headers as its manifest is
+    (``without``: that patch file left out; ``extra_features``: capabilities no patch here has,
+    for the rows that need them)."""
+    from qwen3090.patchtool import load_series
+
+    patches = [p for p in load_series(PATCHES).patches if p.file != without]
+    return Capabilities(
+        env=frozenset(e for p in patches for e in p.header.env),
+        flags=frozenset(f for p in patches for f in p.header.flags),
+        features=frozenset({*(f for p in patches for f in p.header.features), *extra_features}),
+        patches=tuple(p.file for p in patches),
+        source=f"patches/series{f' without {without}' if without else ''}",
+    )
+
+
 def plan_for(
     env: Mapping[str, str] | None = None,
     *,

@@ -8,29 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
-from qwen3090.patchtool import load_series
 from qwen3090.resolver.int8_layers import layer_prefixes, selected
-from tests.support.planning import plan_for
+from tests.support.planning import plan_for, series_caps
 
 pytestmark = pytest.mark.unit
 
-PATCHES = Path(__file__).resolve().parents[3] / "patches"
 PATCH = "int8-layer-select.patch"
 BATCH = {"PROFILE": "batch"}
-
-
-def series_caps(*, without: str | None = None) -> Capabilities:
-    """What a build of patches/series provides, read from the patch headers as its manifest is."""
-    patches = [p for p in load_series(PATCHES).patches if p.file != without]
-    return Capabilities(
-        env=frozenset(e for p in patches for e in p.header.env),
-        flags=frozenset(f for p in patches for f in p.header.flags),
-        features=frozenset(f for p in patches for f in p.header.features),
-        patches=tuple(p.file for p in patches),
-        source=f"patches/series{f' without {without}' if without else ''}",
-    )
 
 
 def test_the_series_build_emits_the_batch_default(tmp_path: Path) -> None:

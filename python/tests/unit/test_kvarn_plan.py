@@ -11,28 +11,15 @@ from pathlib import Path
 import pytest
 
 from qwen3090 import profiles as P
-from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
-from qwen3090.patchtool import load_series
 from qwen3090.resolver.common import kvarn_staging_bytes
-from tests.support.planning import arg_map, plan_for
+from tests.support.planning import arg_map, plan_for, series_caps
 
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[3]
 BACKEND = REPO / "patches" / "overlay" / "vllm" / "v1" / "attention" / "backends" / "kvarn_attn.py"
 GIB = 1 << 30
-
-
-def series_caps() -> Capabilities:
-    patches = load_series(REPO / "patches").patches
-    return Capabilities(
-        env=frozenset(e for p in patches for e in p.header.env),
-        flags=frozenset(f for p in patches for f in p.header.flags),
-        features=frozenset(f for p in patches for f in p.header.features),
-        patches=tuple(p.file for p in patches),
-        source="patches/series",
-    )
 
 
 def test_ctx_huge_plans_the_kvarn_cache_on_the_series(tmp_path: Path) -> None:

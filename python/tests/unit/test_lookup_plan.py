@@ -14,29 +14,19 @@ import pytest
 from qwen3090.capabilities import Capabilities
 from qwen3090.errors import Qwen3090Error
 from qwen3090.knobs import load_settings
-from qwen3090.patchtool import load_series
 from qwen3090.plan import PlatformFacts, ServePlan, resolve
 from qwen3090.vllm_envs import SERIES_REGISTERED, STOCK_VLLM_ENV
+from tests.support.planning import series_caps as support_series_caps
 
 pytestmark = pytest.mark.unit
 
-PATCHES = Path(__file__).resolve().parents[3] / "patches"
 PATCH = "dflash2-lookup.patch"
 
 
 def series_caps(*, without: str | None = None) -> Capabilities:
-    """What a build of patches/series provides, from the patch headers (as its manifest), plus
-    the DFlash2 drafter's sliding-window layers on the KVarN cache, which SPEC=dflash2 CTX=huge
-    needs and no patch here provides yet (issue 24)."""
-    patches = [p for p in load_series(PATCHES).patches if p.file != without]
-    return Capabilities(
-        env=frozenset(e for p in patches for e in p.header.env),
-        flags=frozenset(f for p in patches for f in p.header.flags),
-        features=frozenset({*(f for p in patches for f in p.header.features),
-                            "kvarn-sliding-window"}),
-        patches=tuple(p.file for p in patches),
-        source="patches/series" + (f" without {without}" if without else ""),
-    )
+    """The series' build, plus the DFlash2 drafter's sliding-window layers on the KVarN cache,
+    which SPEC=dflash2 CTX=huge needs and no patch here provides yet (issue 24)."""
+    return support_series_caps(without=without, extra_features=("kvarn-sliding-window",))
 
 
 def plan(env: Mapping[str, str], caps: Capabilities, cwd: Path) -> ServePlan:
