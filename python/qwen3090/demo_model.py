@@ -236,15 +236,19 @@ def _config(arch: str, vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _random_weights(config: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Instantiate the transformers model for ``config`` with random weights (fp32 -> bf16)."""
+def random_weights(config: dict[str, Any], seed: int, device: str = "cpu") -> dict[str, Any]:
+    """Instantiate the transformers model for ``config`` with random weights (fp32 -> bf16),
+    built on ``device`` (the GPU tier's 27B-width variant builds on the GPU), returned on the
+    CPU."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     cfg = transformers.AutoConfig.for_model(**config)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)  # type: ignore[no-untyped-call]
-    return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)  # type: ignore[no-untyped-call]
+    return {k: v.detach().to(torch.bfloat16).cpu().contiguous()
+            for k, v in model.state_dict().items()}
 
 
 def write_demo_model(path: Path, arch: str = DEFAULT_ARCH, seed: int = 0) -> DemoModel:
@@ -282,7 +286,7 @@ def write_demo_model(path: Path, arch: str = DEFAULT_ARCH, seed: int = 0) -> Dem
     )
 
     config = _config(arch, vocab_size, ids)
-    weights = _random_weights(config, seed)
+    weights = random_weights(config, seed)
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (path / "generation_config.json").write_text(

@@ -16,10 +16,12 @@ SPEC=dflash2 runs up to three server lives with the DFlash2 drafter (dflash2_dra
 per lookup setting (DFLASH2_LIVES), each running the same greedy copy task (copy_task.py), as
 long as the budget leaves room for another life; the lives it had no time for are recorded.
 
---kv kvarn (issue 24) serves one life (without a speculator, or with MTP) on the KVarN cache
-(``--kv-cache-dtype kvarn_k4v2_g128``, KVARN_ARGS: the planner still refuses KV=kvarn, so the
-flags travel in EXTRA_ARGS, where the last of a flag wins): the MTP tier's steps, then a long
-greedy completion whose logprobs must stay finite (kvarn_steps).
+--kv kvarn (issue 24) serves one life on the KVarN cache as the planner's rows give it:
+``CTX=huge`` single-user (without a speculator, or with MTP), or ``--profile batch`` with
+``KV=kvarn`` (64 seats, async scheduling). EXTRA_ARGS carries only what the lent machine
+needs (the Triton GDN prefill): the cache dtype, block size and context come from the plan.
+The MTP tier's steps run, then long greedy completions whose logprobs must stay finite
+(kvarn_steps), and in batch a burst of concurrent requests (seat_burst).
 """
 
 from __future__ import annotations
@@ -186,6 +188,7 @@ _POOL = {
     "kv_padding_max_waste_pct": (r"may waste at most ([\d.]+)% KV cache memory", float),
     "cudagraph_profile_sizes": (r"Profiling CUDA graph memory: (.+)$", str),
     "cudagraph_pool_memory": (r"CUDA graph pool memory: (.+)$", str),
+    "model_loading_gib": (r"Model loading took ([\d.]+) GiB", float),
     "kv_available_gib": (r"Available KV cache memory: ([\d.]+) GiB", float),
     "kv_cache_tokens": (r"GPU KV cache size: ([\d,]+) tokens", str),
     "max_concurrency": (r"Maximum concurrency for .*: ([\d.]+)x", float),
@@ -233,10 +236,18 @@ def graph_captures(lines: list[str]) -> dict[str, int]:
     return totals
 
 
+# The engine core's line when the stop signal reaches it: what fails after it is the
+# shutdown (the API server's output handler raises EngineDeadError once the core has gone).
+_STOPPED = re.compile(r"received signal=SIG(?:INT|TERM)")
+
+
 def describe_log(lines: list[str]) -> dict[str, Any]:
-    """What the record keeps of one server life's log."""
+    """What the record keeps of one server life's log: the wall is the first failure before
+    the stop signal; the first one after it is kept apart, as ``after_stop``."""
+    stop = next((i for i, line in enumerate(lines) if _STOPPED.search(line)), len(lines))
     return {"log": scan_log(lines), "log_tail": [line[:600] for line in lines[-60:]],
-            "wall": find_wall(lines), "pool": pool_numbers(lines), "jit": jit_facts(lines),
+            "wall": find_wall(lines[:stop]), "after_stop": find_wall(lines[stop:]),
+            "pool": pool_numbers(lines), "jit": jit_facts(lines),
             "graphs": graph_captures(lines)}
 
 
@@ -324,11 +335,15 @@ def exercise(rec: Attempt, base: str, key: str, spec: str) -> None:
     })
 
 
-# The KVarN life's engine flags: the kvarn dtype, its backend named (the plan's own
-# --attention-backend would refuse the dtype) and attention blocks of one 128-token tile
-# (the hybrid alignment raises them to the mamba page's multiple).
-KVARN_ARGS = ("--attention-backend KVARN --kv-cache-dtype kvarn_k4v2_g128 --block-size 128 "
-              "--gdn-prefill-backend triton")
+# The KVarN lives' knobs: the planner's rows, nothing of the engine's flags by hand (the
+# plan names no attention backend there; vLLM's selector finds KVARN the only one that
+# accepts the dtype, for the MTP drafter's layer too).
+KVARN_KNOBS = {"single-user": {"CTX": "huge"}, "batch": {"KV": "kvarn"}}
+# The batch life's burst: concurrent requests (more seats than a single-user plan has, fewer
+# than batch's 64), each with a prompt of 2 to 10 tiles (short enough that the prefills
+# finish early and the seats decode together) and decoded across two tile boundaries.
+BURST = 48
+BURST_TOKENS = 256
 
 
 def kvarn_steps(rec: Attempt, base: str, key: str, spec: str) -> None:
@@ -342,30 +357,61 @@ def kvarn_steps(rec: Attempt, base: str, key: str, spec: str) -> None:
     runs = []
     for n, lines in enumerate((40, 90, 170)):
         prompt = " ".join(f"entry {i} of list {n}: the bridge holds." for i in range(lines))
-        outs = []
-        for _ in range(2):
-            s, out = request(base, "/v1/completions", {
-                "model": SERVED, "prompt": prompt, "max_tokens": 160, "temperature": 0,
-                "ignore_eos": True, "logprobs": 1,
-            }, key)
-            if s != 200:
-                outs.append({"status": s, "error": str(out)[:800]})
-                continue
-            choice = out["choices"][0]
-            lps = [x for x in choice["logprobs"]["token_logprobs"] if x is not None]
-            outs.append({
-                "status": s,
-                "prompt_tokens": out["usage"]["prompt_tokens"],
-                "completion_tokens": out["usage"]["completion_tokens"],
-                "logprobs": len(lps),
-                "nonfinite_logprobs": sum(1 for x in lps if not math.isfinite(x)),
-                "min_logprob": min(lps) if lps else None,
-                "text": choice["text"],
-            })
-        same = len(outs) == 2 and all(o["status"] == 200 for o in outs) and (
-            outs[0]["text"] == outs[1]["text"])
+        outs = [greedy(base, key, prompt, 160) for _ in range(2)]
+        same = all(o["status"] == 200 for o in outs) and outs[0]["text"] == outs[1]["text"]
         runs.append({"runs": outs, "repeat_identical": same})
     rec.set("kvarn_long", runs)
+
+
+# The long-context step: a prompt this close to CTX=huge's 200,000-token limit, decoded for
+# LONG_DECODE tokens; a short prompt decoded as long beside it, for the ratio.
+LONG_CONTEXT_TOKENS = 196_000
+LONG_DECODE = 128
+
+
+def long_prompt(base: str, key: str, tokens: int) -> tuple[str, int]:
+    """A prompt of at most ``tokens`` tokens (counted by the server's own tokenizer)."""
+    def count(text: str) -> int:
+        s, out = request(base, "/tokenize", {"model": SERVED, "prompt": text}, key,
+                         timeout=300)
+        if s != 200:
+            raise RuntimeError(f"/tokenize answered {s}: {str(out)[:400]}")
+        return int(out["count"])
+
+    def lines(n: int) -> str:
+        return " ".join(f"page {i} of the archive: shelf {i % 97} holds it." for i in range(n))
+
+    per_line = count(lines(400)) / 400
+    n = int(tokens / per_line)
+    while (got := count(lines(n))) > tokens:
+        n -= int((got - tokens) / per_line) + 1
+    return lines(n), got
+
+
+def long_context(rec: Attempt, base: str, key: str) -> None:
+    """One prompt near the context limit: its prefill alone (max_tokens 1), then the same
+    prompt decoded for LONG_DECODE tokens (the prefix cache holds all but its last block),
+    and a short prompt decoded as long: statuses, finite logprobs, seconds and the ratio."""
+    text, tokens = long_prompt(base, key, LONG_CONTEXT_TOKENS)
+    out: dict[str, Any] = {"prompt_tokens": tokens}
+    for name, prompt, n in (("short", " ".join(["the ledger balances."] * 200), LONG_DECODE),
+                            ("prefill", text, 1), ("decode", text, LONG_DECODE)):
+        t0 = time.monotonic()
+        step = greedy(base, key, prompt, n, timeout=600)
+        out[name] = {**step, "seconds": round(time.monotonic() - t0, 2)}
+        rec.set("long_context", out)
+
+
+def kvarn_huge_steps(rec: Attempt, base: str, key: str, spec: str) -> None:
+    """The CTX=huge KVarN life: kvarn_steps, then the long-context step."""
+    kvarn_steps(rec, base, key, spec)
+    long_context(rec, base, key)
+
+
+def kvarn_batch_steps(rec: Attempt, base: str, key: str, spec: str) -> None:
+    """The batch KVarN life: kvarn_steps, then the seat burst."""
+    kvarn_steps(rec, base, key, spec)
+    seat_burst(rec, base, key)
 
 
 SPEC_COUNTERS = {
@@ -373,6 +419,81 @@ SPEC_COUNTERS = {
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
+
+
+def greedy(base: str, key: str, prompt: str, max_tokens: int,
+           timeout: float = 120) -> dict[str, Any]:
+    """One greedy completion with logprobs: status, sizes (the prefix cache's share too),
+    non-finite logprobs, text."""
+    s, out = request(base, "/v1/completions", {
+        "model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True, "logprobs": 1,
+    }, key, timeout=timeout)
+    if s != 200:
+        return {"status": s, "error": str(out)[:800]}
+    choice = out["choices"][0]
+    lps = [x for x in choice["logprobs"]["token_logprobs"] if x is not None]
+    return {
+        "status": s,
+        "prompt_tokens": out["usage"]["prompt_tokens"],
+        "completion_tokens": out["usage"]["completion_tokens"],
+        "cached_tokens": (out["usage"].get("prompt_tokens_details") or {}).get("cached_tokens"),
+        "logprobs": len(lps),
+        "nonfinite_logprobs": sum(1 for x in lps if not math.isfinite(x)),
+        "min_logprob": min(lps) if lps else None,
+        "text": choice["text"],
+    }
+
+
+def seat_burst(rec: Attempt, base: str, key: str) -> None:
+    """BURST distinct multi-tile prompts at once (each seat opens and closes tiles of its
+    own), then the same prompts one at a time: every request 200 with finite logprobs, and
+    the concurrent greedy texts equal to the lone ones."""
+    prompts = [" ".join(f"seat {n} row {i}: the ledger balances." for i in range(14 + n))
+               for n in range(BURST)]
+    together: list[dict[str, Any]] = [{} for _ in prompts]
+
+    def one(i: int) -> None:
+        together[i] = greedy(base, key, prompts[i], BURST_TOKENS)
+
+    running: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:  # how many seats the engine ran at once, polled while it works
+        while not done.wait(0.25):
+            _, text = request(base, "/metrics", None, key)
+            value = metric(str(text), "vllm:num_requests_running")
+            if value is not None:
+                running.append(value)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(BURST)]
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    burst_s = time.monotonic() - t0
+    done.set()
+    watcher.join()
+    t0 = time.monotonic()
+    alone = [greedy(base, key, p, BURST_TOKENS) for p in prompts]
+    alone_s = time.monotonic() - t0
+    rec.set("seat_burst", {
+        "requests": BURST,
+        "seconds": round(burst_s, 1),
+        "alone_seconds": round(alone_s, 1),
+        "status": [r.get("status") for r in together],
+        "alone_status": [r.get("status") for r in alone],
+        "prompt_tokens": [r.get("prompt_tokens") for r in together],
+        "completion_tokens": sum(r.get("completion_tokens") or 0 for r in together),
+        "nonfinite_logprobs": sum(r.get("nonfinite_logprobs") or 0 for r in together + alone),
+        "identical_to_alone": sum(1 for a, b in zip(together, alone, strict=True)
+                                  if a.get("status") == 200 and a.get("text") == b.get("text")),
+        "max_running": max(running, default=None),
+        "errors": [r["error"] for r in together + alone if "error" in r][:3],
+    })
 
 
 def spec_delta(before: Any, after: Any) -> dict[str, Any]:
@@ -468,10 +589,11 @@ def exercise_copy(rec: Attempt, base: str, key: str, spec: str) -> None:
                                         copy["output_token_ids"]))
 
 
-def plan_of(env: dict[str, str]) -> dict[str, Any]:
+def plan_of(env: dict[str, str], profile: str = "single-user") -> dict[str, Any]:
     """What ``qwen3090 plan`` resolves the life's knobs to (the environment the server gets)."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "qwen3090", "plan", "--json"], env=env,
+        proc = subprocess.run([sys.executable, "-m", "qwen3090", "plan", "--json",
+                               "--profile", profile], env=env,
                               capture_output=True, text=True, timeout=120)
         plan = json.loads(proc.stdout) if proc.returncode == 0 else None
     except (OSError, subprocess.SubprocessError, ValueError) as exc:  # recorded, not fatal
@@ -482,7 +604,7 @@ def plan_of(env: dict[str, str]) -> dict[str, Any]:
     specs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--speculative-config"]
     return {"env": plan.get("env"), "warnings": plan.get("warnings"),
             "async_scheduling": "--no-async-scheduling" not in argv,
-            "speculative_config": specs[-1] if specs else None}
+            "speculative_config": specs[-1] if specs else None, "argv": argv[1:]}
 
 
 # The three lives: lookup off (the baseline), lookup with the adaptive block (the most code
@@ -553,9 +675,21 @@ def _delta(before: Any, after: Any, name: str) -> float | None:
 Work = Callable[[Attempt, str, str, str], None]
 
 
+def model_shape(model: Path) -> dict[str, Any]:
+    """The served model's widths (demo or shape27b.py) and its weights' bytes."""
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "linear_num_key_heads", "linear_num_value_heads", "intermediate_size",
+            "mtp_num_hidden_layers")
+    return {**{k: config.get(k) for k in keys},
+            "attention_layers": config.get("layer_types", []).count("full_attention"),
+            "weights_bytes": sum(f.stat().st_size for f in model.glob("*.safetensors"))}
+
+
 def serve_once(
     args: argparse.Namespace, spec: str, extra: str, deadline: float, rec: Attempt,
     knobs: dict[str, str] | None = None, work: Work | None = None, stop_margin_s: float = 60,
+    profile: str = "single-user",
 ) -> bool:
     """One server life: start, exercise (``work``, default the MTP tier's steps), SIGINT.
     ``knobs`` adds knob variables; the server gets ``deadline`` less ``stop_margin_s`` to boot.
@@ -571,11 +705,12 @@ def serve_once(
         **(knobs or {}),
     })
     log_path = Path(args.log).with_suffix(f".{len(rec.record.data['attempts'])}.log")
-    argv = [sys.executable, "-m", "qwen3090", "serve", "--no-gate"]
+    argv = [sys.executable, "-m", "qwen3090", "serve", "--no-gate", "--profile", profile]
     shown = ("PREFIX_CACHE", "SPEC", "EXTRA_ARGS", *(knobs or {}))
-    rec.set("serve", {"spec": spec, "argv": argv, "knobs": {k: env[k] for k in shown}})
+    rec.set("serve", {"spec": spec, "argv": argv, "profile": profile,
+                      "knobs": {k: env[k] for k in shown}})
     if knobs:
-        rec.set("plan", plan_of(env))
+        rec.set("plan", plan_of(env, profile))
     log_path.unlink(missing_ok=True)  # a warm machine keeps the last call's files
     server = start_server(argv, env, PORT, log_path)
     healthy = False
@@ -612,7 +747,9 @@ def main() -> int:
     p.add_argument("--spec", default="mtp")
     p.add_argument("--draft", type=Path, help="the DFlash2 drafter (--spec dflash2)")
     p.add_argument("--kv", choices=("default", "kvarn"), default="default",
-                   help="kvarn: one life on the KVarN cache (KVARN_ARGS), --spec off or mtp")
+                   help="kvarn: one life on the KVarN cache as the plan gives it (KVARN_KNOBS)")
+    p.add_argument("--profile", choices=tuple(KVARN_KNOBS), default="single-user",
+                   help="--kv kvarn: CTX=huge single-user (--spec off or mtp) or batch KV=kvarn")
     p.add_argument("--budget-s", type=float, default=420)
     p.add_argument("--boot-timeout-s", type=float, default=300)
     p.add_argument("--base", type=Path, help="a JSON object to start the record from")
@@ -625,6 +762,9 @@ def main() -> int:
     args = p.parse_args()
     if args.kv == "kvarn" and args.spec not in ("off", "mtp"):
         p.error(f"--kv kvarn: --spec {args.spec} is not served on it; use off or mtp")
+    if args.profile == "batch" and (args.kv != "kvarn" or args.spec != "off"):
+        p.error("--profile batch: only the KV=kvarn life, with --spec off (batch has no "
+                "speculator)")
     if args.rescan:
         data = json.loads(args.out.read_text())
         attempt = next(a for a in reversed(data["attempts"])
@@ -638,19 +778,18 @@ def main() -> int:
     rec = Record(args.out, {**base, "started_unix": int(time.time())})
     if args.resume:
         resume_lives(rec, json.loads(args.resume.read_text()))
+    rec.set("model", model_shape(args.model))
     # TRITON_ATTN: FlashAttention-3's kernels do not travel (see serve_on_device.sh); the
     # Triton GDN prefill kernel instead of FlashInfer's, which is not on the machine.
     extra = "--attention-backend TRITON_ATTN --gdn-prefill-backend triton"
     if args.kv == "kvarn":
-        extra = KVARN_ARGS
-        if args.spec == "mtp":
-            # The drafter's attention layer reads the same kvarn cache: its backend too.
-            spec_cfg = json.dumps({"method": "mtp", "num_speculative_tokens": 4,
-                                   "draft_sample_method": "probabilistic",
-                                   "attention_backend": "KVARN"})
-            extra += f" --speculative-config '{spec_cfg}'"
-        serve_once(args, args.spec, extra, deadline, rec.attempt(f"kv=kvarn spec={args.spec}"),
-                   work=kvarn_steps)
+        batch = args.profile == "batch"
+        knobs = KVARN_KNOBS[args.profile]
+        label = " ".join(f"{k}={v}" for k, v in knobs.items()) + f" spec={args.spec}"
+        serve_once(args, args.spec, "--gdn-prefill-backend triton", deadline,
+                   rec.attempt(f"{args.profile} {label}"), knobs=knobs,
+                   work=kvarn_batch_steps if batch else kvarn_huge_steps,
+                   profile=args.profile)
         rec.set("finished_unix", int(time.time()))
         return 0
     if args.spec == "dflash2":

@@ -12,7 +12,7 @@ Writes, under --out (one device call's ``carry``):
                  installed with pip --target here (tokenizer data and locales pruned)
   model/         ``qwen3090 demo-model --arch qwen3_5`` output (the MTP head is added there)
   probe/, serve_on_device.sh, exercise_server.py, mtp_head.py, dflash2_drafter.py,
-  copy_task.py, cycle_head.py   copied from this directory
+  copy_task.py, cycle_head.py, shape27b.py   copied from this directory
 and under --so-out (a separate, earlier call: 57 MB compressed, it does not fit beside the rest
 in the 64 MiB a call carries):
   so-core.tar.xz the compiled core the CUDA platform imports (``_C_stable_libtorch``, built on
@@ -167,7 +167,7 @@ def main() -> int:
     subprocess.run([ARGS.python, "-m", "qwen3090", "demo-model", str(model), "--arch",
                     "qwen3_5"], check=True, env={**os.environ, "PYTHONPATH": str(PYDIR)})
     for name in ("serve_on_device.sh", "exercise_server.py", "mtp_head.py",
-                 "dflash2_drafter.py", "copy_task.py", "cycle_head.py"):
+                 "dflash2_drafter.py", "copy_task.py", "cycle_head.py", "shape27b.py"):
         shutil.copy2(HERE / name, out / name)
     (out / "probe").mkdir(exist_ok=True)
     shutil.copy2(HERE / "probe" / "sitecustomize.py", out / "probe" / "sitecustomize.py")

@@ -18,6 +18,8 @@
 #   which first drives the KVARN backend's builder and forward over the patch tier's token
 #   stream with the compiled kernels ($OUT/kvarn_stream.pt, for test_patch_kvarn_backend.py;
 #   LIFE_KV_PROBE=0 skips it). SPEC=mtp instead serves MTP with its drafter on the kvarn cache.
+#   The KVarN lives serve the plan's rows: CTX=huge single-user, or PROFILE=batch (KV=kvarn,
+#   SPEC=off). SHAPE=27b first gives the demo model the 27B's widths (shape27b.py; LAYERS=8).
 # It unpacks the rest, records the machine and the imports, adds the MTP head to the demo
 # model (SPEC=mtp) or a looping LM head and a random DFlash2 drafter (SPEC=dflash2), serves it
 # through `qwen3090 serve` with CUDA graphs (exercise_server.py) and writes $OUT/result.json
@@ -31,6 +33,8 @@ OUT=${OUT:-$(mktemp -d)}
 WORK=${WORK:-/tmp/gpue2e-run}
 SPEC=${SPEC:-mtp}
 LIFE_KV=${LIFE_KV:-default}
+PROFILE=${PROFILE:-single-user}
+SHAPE=${SHAPE:-demo}
 BUDGET_S=${BUDGET_S:-400}
 PY=${PY:-python3}
 mkdir -p "$WORK" "$OUT"
@@ -112,6 +116,11 @@ if [ -f "$BUNDLE/model/config.json" ]; then
 else
   "$PY" -m qwen3090 demo-model "$MODEL" --arch qwen3_5 || exit 3
 fi
+if [ "$SHAPE" = 27b ]; then
+  t1=$(date +%s)
+  "$PY" "$BUNDLE/shape27b.py" "$MODEL" --layers "${LAYERS:-8}" || exit 3
+  note "27B shape took $(( $(date +%s) - t1 )) s"
+fi
 [ "$SPEC" = mtp ] && { "$PY" "$BUNDLE/mtp_head.py" "$MODEL" || exit 3; }
 DRAFT_ARGS=()
 # The KVarN life's repeat check compares greedy texts: the looping head keeps them off ties.
@@ -133,6 +142,11 @@ if [ "${DRY:-0}" = 1 ]; then
       env $lookup MODEL="$MODEL" SPEC=dflash2 DRAFT="$DRAFTER" DFLASH_TOKENS=15 \
         ASYNC_SCHED=0 PREFIX_CACHE=1 EXTRA_ARGS="$EXTRA" "$PY" -m qwen3090 plan || exit 4
     done
+  elif [ "$LIFE_KV" = kvarn ]; then
+    # The knobs exercise_server.py's KVARN_KNOBS sets.
+    if [ "$PROFILE" = batch ]; then knob="KV=kvarn"; else knob="CTX=huge"; fi
+    env $knob MODEL="$MODEL" SPEC="$SPEC" PREFIX_CACHE=1 \
+      EXTRA_ARGS="--gdn-prefill-backend triton" "$PY" -m qwen3090 plan --profile "$PROFILE"
   else
     MODEL="$MODEL" SPEC="$SPEC" PREFIX_CACHE=1 EXTRA_ARGS="$EXTRA" "$PY" -m qwen3090 plan
   fi
@@ -150,7 +164,8 @@ if [ "$LIFE_KV" = kvarn ] && [ "${LIFE_KV_PROBE:-1}" = 1 ]; then
   note "kvarn probe took $(( $(date +%s) - t1 )) s"
 fi
 "$PY" "$BUNDLE/exercise_server.py" --model "$MODEL" --out "$OUT/result.json" \
-  --log "$WORK/server.log" --spec "$SPEC" --kv "$LIFE_KV" --budget-s "$BUDGET_S" --base "$BASE" \
+  --log "$WORK/server.log" --spec "$SPEC" --kv "$LIFE_KV" --profile "$PROFILE" \
+  --budget-s "$BUDGET_S" --base "$BASE" \
   --boot-timeout-s "${BOOT_TIMEOUT_S:-300}" ${RESUME:+--resume "$RESUME"} \
   ${DRAFT_ARGS[@]+"${DRAFT_ARGS[@]}"}
 rc=$?
