@@ -62,8 +62,8 @@ STOCK_COMPILATION_KEYS = frozenset({"max_cudagraph_capture_size", "custom_ops", 
 
 NOT_IN_REPOSITORY = "not in this repository"
 # Not a flag the plan emits: what SPEC=dflash2 at CTX=huge needs of the build (its drafter's
-# sliding-window layers on the KVarN cache); only the capability decides it.
-KVARN_DRAFTER_SLIDING_WINDOW = "sliding-window attention on kvarn_k4v2_g128"
+# layers on the KVarN cache); only the capability decides it.
+KVARN_DFLASH2_DRAFTER = "the DFlash2 drafter's layers on kvarn_k4v2_g128"
 
 
 @dataclass(frozen=True)
@@ -132,10 +132,12 @@ EMITTED: tuple[Emitted, ...] = (
             "the KVarN KV cache (4-bit keys, 2-bit values, 128-token tiles)",
             "kvarn-backend.patch", "CTX=long (single-user) or KV=int4pth (batch)",
             gpu_only=True),
-    # DFlash2's drafter has sliding-window layers; on CTX=huge they would share the kvarn
-    # cache, whose backend serves full causal attention only and refuses them at start-up.
-    Emitted("flag-value", KVARN_DRAFTER_SLIDING_WINDOW, "kvarn-sliding-window",
-            "the DFlash2 drafter's sliding-window layers on the KVarN cache", None,
+    # DFlash2's drafter has sliding-window layers and stores its context K/V outside its
+    # forward; on CTX=huge they would share the kvarn cache, whose backend serves full causal
+    # attention only, refuses windows at start-up and has no such store (docs/kvarn.md).
+    Emitted("flag-value", KVARN_DFLASH2_DRAFTER, "kvarn-dflash2-drafter",
+            "sliding windows, and the context K/V the drafter stores outside its forward, on "
+            "the KVarN cache", None,
             "SPEC=mtp with CTX=huge, or CTX=long with SPEC=dflash2", gpu_only=True),
 )
 

@@ -4,7 +4,7 @@ split-KV verify attention, then the CTX=huge / CUDA-graph rules."""
 from __future__ import annotations
 
 from qwen3090 import profiles as P
-from qwen3090.capabilities import KVARN_DRAFTER_SLIDING_WINDOW
+from qwen3090.capabilities import KVARN_DFLASH2_DRAFTER
 from qwen3090.errors import Qwen3090Error
 from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
 from qwen3090.resolver.capgate import CapabilityGate
@@ -25,7 +25,7 @@ def single_user(
     b.gpu_util = s.gpu_util if s.gpu_util is not None else P.SINGLE_USER_GPU_UTIL
     cache_row(cache, b, gate, knob="CTX", explicit=s.given("CTX"), setting=ctx)
     if spec == "dflash2" and cache.kv_cache_dtype == "kvarn_k4v2_g128":
-        gate.admit(KVARN_DRAFTER_SLIDING_WINDOW, ctx, knob="CTX", explicit=True)
+        gate.admit(KVARN_DFLASH2_DRAFTER, ctx, knob="CTX", explicit=True)
     b.warnings += no_effect(s, ("KV",), "KV chooses the batch profile's cache; single-user "
                             "takes it from CTX")
     if cache.spec_attn == "off":  # before the speculator: its warning comes first

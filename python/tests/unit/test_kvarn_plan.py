@@ -52,7 +52,7 @@ def test_dflash2_at_ctx_huge_is_refused_before_the_engine_refuses_it(tmp_path: P
     with pytest.raises(Qwen3090Error) as err:
         plan_for({"SPEC": "dflash2", "CTX": "huge"}, caps=series_caps(), cwd=tmp_path)
     assert err.value.message.startswith("CTX=huge ")
-    assert "kvarn-sliding-window" in err.value.message
+    assert "kvarn-dflash2-drafter" in err.value.message
     assert "SPEC=mtp" in (err.value.fix or "")
 
 

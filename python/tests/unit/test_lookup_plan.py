@@ -24,9 +24,9 @@ PATCH = "dflash2-lookup.patch"
 
 
 def series_caps(*, without: str | None = None) -> Capabilities:
-    """The series' build, plus the DFlash2 drafter's sliding-window layers on the KVarN cache,
-    which SPEC=dflash2 CTX=huge needs and no patch here provides yet (issue 24)."""
-    return support_series_caps(without=without, extra_features=("kvarn-sliding-window",))
+    """The series' build, plus the DFlash2 drafter's layers on the KVarN cache, which
+    SPEC=dflash2 CTX=huge needs and no patch here provides yet (issue 24)."""
+    return support_series_caps(without=without, extra_features=("kvarn-dflash2-drafter",))
 
 
 def plan(env: Mapping[str, str], caps: Capabilities, cwd: Path) -> ServePlan:
