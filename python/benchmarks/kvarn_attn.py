@@ -18,6 +18,13 @@ key planted to match the last query row, whose value the kvarn output must still
 it also times vLLM 0.28.0's ``unified_attention``, as TRITON_ATTN calls it, over a paged bf16
 cache and a paged fp8 (e4m3, per-tensor scale) cache of the same rows, 16-token blocks: the
 same kernel on both, so its bf16/fp8 ratio and kvarn's stand side by side.
+
+``--seats 8,64 --seat-contexts 4096,16384 --segments 1,4,8,16,32`` instead times a batch: that
+many requests decoding (or verifying ``--queries`` rows) at once over their own blocks of one
+context, at each split-KV segment count, beside the count the KVARN backend launches today
+(SPLIT_SEGMENTS, 32): the question is how few segments, and so how small a split workspace, a
+batch of seats needs (python/docs/kvarn.md, "Next" item 9). Each count's largest difference
+from 32's output, relative to its largest element, is printed (bf16 rounding: about 4e-3).
 """
 
 from __future__ import annotations
@@ -246,6 +253,73 @@ def cell(
     return rows
 
 
+def seats_cell(kv: ModuleType, seats: int, ctx: int, queries: list[int],
+               segments: list[int], gen: torch.Generator) -> list[dict[str, Any]]:
+    """``seats`` requests of ``ctx`` tokens each (one request's rows, copied into every seat's
+    own blocks, so each seat reads its own bytes), decoded together at each segment count."""
+    dev = DEVICE
+    k = keys_like(ctx, gen).to(dev, torch.bfloat16)
+    v = torch.randn(ctx, KV_HEADS, HEAD_SIZE, generator=gen).to(dev, torch.bfloat16)
+    per_seat = -(-ctx // BLOCK)
+    cache = torch.full(kv.cache_shape(seats * per_seat, BLOCK, KV_HEADS, HEAD_SIZE), 0xFF,
+                       dtype=torch.uint8, device=dev)
+    tiles = -(-ctx // TILE)
+    src = torch.arange(tiles, dtype=torch.int32, device=dev) * TILE
+    length = torch.clamp(ctx - src, max=TILE).to(torch.int32)
+    kv.store_tiles(k, v, cache, src, length, torch.arange(tiles, dtype=torch.int64, device=dev))
+    for seat in range(1, seats):
+        cache[seat * per_seat:(seat + 1) * per_seat] = cache[:per_seat]
+    table = torch.arange(seats * per_seat, dtype=torch.int32, device=dev).view(seats, per_seat)
+    seq_lens = torch.full((seats,), ctx, dtype=torch.int32, device=dev)
+    heads = KV_HEADS * GROUP
+    rows = []
+    for nq in queries:
+        # One request's query rows in every seat: the seats' outputs must then agree, which
+        # shows each read its own (copied) blocks through the block table.
+        one = torch.randn(nq, heads, HEAD_SIZE, generator=gen).to(dev, torch.bfloat16)
+        q = one.repeat(seats, 1, 1)
+        starts = torch.arange(seats + 1, dtype=torch.int32, device=dev) * nq
+
+        def run(segs: int, q: torch.Tensor = q, starts: torch.Tensor = starts,
+                nq: int = nq) -> torch.Tensor:
+            out: torch.Tensor = kv.attention(q, cache, table, seq_lens, starts, nq, ctx,
+                                             KV_HEADS, HEAD_SIZE ** -0.5, num_segments=segs)
+            return out
+
+        served = run(SERVED_SEGMENTS).float()
+        base_us = timed(lambda: run(SERVED_SEGMENTS), 20)
+        for segs in segments:
+            us = timed(lambda segs=segs: run(segs), 20)
+            got = run(segs).float()
+            by_seat = got.view(seats, nq, heads, HEAD_SIZE)
+            row = {"seats": seats, "context": ctx, "q": nq, "segments": segs, "kvarn_us": us,
+                   "over_served_segments": us / base_us,
+                   "workspace_bytes": seats * nq * heads * segs * (HEAD_SIZE + 2) * 4,
+                   "max_rel_diff_vs_served": float((got - served).abs().max()
+                                                   / served.abs().max()),
+                   "seat_spread": float((by_seat - by_seat[:1]).abs().max()
+                                        / by_seat[0].abs().max()),
+                   "finite": bool(torch.isfinite(got).all())}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+# The segment count the KVARN backend launches for decode and verify (kvarn_attn.py's
+# SPLIT_SEGMENTS in the kvarn-backend overlay).
+SERVED_SEGMENTS = 32
+
+
+def print_seats(rows: list[dict[str, Any]]) -> None:
+    print("| seats | context | q | segments | µs | / 32 segments | workspace MiB | "
+          "max rel diff |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['seats']} | {r['context']:,} | {r['q']} | {r['segments']} | "
+              f"{r['kvarn_us']:.1f} | {r['over_served_segments']:.2f} | "
+              f"{r['workspace_bytes'] / 2**20:.1f} | {r['max_rel_diff_vs_served']:.1e} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--contexts", default="16384,65536,131072,262144")
@@ -259,6 +333,12 @@ def main() -> int:
                    help="a directory holding vLLM's python tree (vllm/), for --stock")
     p.add_argument("--smoke", action="store_true",
                    help="run on the CPU under TRITON_INTERPRET=1 (set it) at the given contexts")
+    p.add_argument("--seats", default="",
+                   help="comma list: time that many requests decoding together instead")
+    p.add_argument("--seat-contexts", default="4096,16384",
+                   help="with --seats: each request's context")
+    p.add_argument("--segments", default="1,2,4,8,16,32",
+                   help="with --seats: the split-KV segment counts to time")
     args = p.parse_args()
     global DEVICE
     if args.smoke:
@@ -278,6 +358,23 @@ def main() -> int:
     gen = torch.Generator().manual_seed(0)
     queries = [int(x) for x in args.queries.split(",")]
     started = time.monotonic()
+    card = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (interpreter)"
+    if args.seats:
+        seat_rows: list[dict[str, Any]] = []
+        seat_skipped: list[str] = []
+        for seats in (int(x) for x in args.seats.split(",")):
+            for ctx in (int(x) for x in args.seat_contexts.split(",")):
+                if time.monotonic() - started > args.budget:
+                    seat_skipped.append(f"{seats}x{ctx}")
+                    continue
+                seat_rows.extend(seats_cell(kv, seats, ctx, queries,
+                                            [int(x) for x in args.segments.split(",")], gen))
+        if args.json:
+            args.json.write_text(json.dumps(
+                {"card": card, "torch": torch.__version__, "triton": triton.__version__,
+                 "seats_rows": seat_rows, "skipped": seat_skipped}, indent=2) + "\n")
+        print_seats(seat_rows)
+        return 0
     rows: list[dict[str, Any]] = []
     skipped: list[int] = []
     for ctx in (int(x) for x in args.contexts.split(",")):
@@ -285,7 +382,6 @@ def main() -> int:
             skipped.append(ctx)
             continue
         rows.extend(cell(kv, ctx, queries, gen, stock))
-    card = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (interpreter)"
     result = {"card": card, "torch": torch.__version__,
               "triton": triton.__version__, "rows": rows, "skipped_contexts": skipped}
     if args.json:

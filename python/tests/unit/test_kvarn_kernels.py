@@ -376,3 +376,31 @@ def test_the_fp8_baseline_runs_on_the_interpreter(tmp_path: Path) -> None:
         assert r["stock_bf16_rel_err"] < 1e-2, r
         assert r["stock_bf16_rel_err"] < r["stock_fp8_rel_err"] < r["rel_err_vs_unquantized"], r
         assert r["kvarn_over_stock_fp8"] > 0
+
+
+def test_the_seats_benchmark_runs_on_the_interpreter(tmp_path: Path) -> None:
+    """kvarn_attn.py --seats (how few split segments a batch of seats needs, docs/kvarn.md):
+    two seats over their own copies of the same blocks with the same queries answer alike, and
+    every segment count's output equals the served count's up to the output's bf16 rounding,
+    on the interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kvarn_attn.py"
+    out = tmp_path / "seats.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--seats", "2", "--seat-contexts", "200",
+         "--segments", "1,4", "--queries", "1", "--json", str(out)],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+        timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["seats_rows"]
+    assert [(r["seats"], r["segments"]) for r in rows] == [(2, 1), (2, 4)]
+    for r in rows:
+        assert r["finite"] and r["seat_spread"] == 0.0, r
+        # One bf16 step of the output's largest element, at most.
+        assert r["max_rel_diff_vs_served"] <= 2.0 ** -7, r
+        assert r["workspace_bytes"] == 2 * 24 * r["segments"] * (256 + 2) * 4
