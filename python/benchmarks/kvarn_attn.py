@@ -23,7 +23,8 @@ same kernel on both, so its bf16/fp8 ratio and kvarn's stand side by side.
 many requests decoding (or verifying ``--queries`` rows) at once over their own blocks of one
 context, at each split-KV segment count, beside the count the KVARN backend launches today
 (SPLIT_SEGMENTS, 32): the question is how few segments, and so how small a split workspace, a
-batch of seats needs (python/docs/kvarn.md, "Next" item 9). Each count's largest difference
+batch of seats needs (python/docs/kvarn.md, "Next" item 9); ``--seat-long 65536`` makes seat 0
+a long request among short ones. Each count's largest difference
 from 32's output, relative to its largest element, is printed (bf16 rounding: about 4e-3).
 """
 
@@ -254,23 +255,31 @@ def cell(
 
 
 def seats_cell(kv: ModuleType, seats: int, ctx: int, queries: list[int],
-               segments: list[int], gen: torch.Generator) -> list[dict[str, Any]]:
+               segments: list[int], gen: torch.Generator,
+               long_ctx: int = 0) -> list[dict[str, Any]]:
     """``seats`` requests of ``ctx`` tokens each (one request's rows, copied into every seat's
-    own blocks, so each seat reads its own bytes), decoded together at each segment count."""
+    own blocks, so each seat reads its own bytes), decoded together at each segment count.
+    With ``long_ctx``, seat 0 reads that many tokens instead: one long request among short
+    ones, the batch a segment count chosen from the number of requests alone would starve."""
     dev = DEVICE
-    k = keys_like(ctx, gen).to(dev, torch.bfloat16)
-    v = torch.randn(ctx, KV_HEADS, HEAD_SIZE, generator=gen).to(dev, torch.bfloat16)
-    per_seat = -(-ctx // BLOCK)
+    longest = max(ctx, long_ctx)
+    k = keys_like(longest, gen).to(dev, torch.bfloat16)
+    v = torch.randn(longest, KV_HEADS, HEAD_SIZE, generator=gen).to(dev, torch.bfloat16)
+    per_seat = -(-longest // BLOCK)
     cache = torch.full(kv.cache_shape(seats * per_seat, BLOCK, KV_HEADS, HEAD_SIZE), 0xFF,
                        dtype=torch.uint8, device=dev)
-    tiles = -(-ctx // TILE)
+    tiles = -(-longest // TILE)
     src = torch.arange(tiles, dtype=torch.int32, device=dev) * TILE
-    length = torch.clamp(ctx - src, max=TILE).to(torch.int32)
+    length = torch.clamp(longest - src, max=TILE).to(torch.int32)
     kv.store_tiles(k, v, cache, src, length, torch.arange(tiles, dtype=torch.int64, device=dev))
     for seat in range(1, seats):
         cache[seat * per_seat:(seat + 1) * per_seat] = cache[:per_seat]
     table = torch.arange(seats * per_seat, dtype=torch.int32, device=dev).view(seats, per_seat)
     seq_lens = torch.full((seats,), ctx, dtype=torch.int32, device=dev)
+    if long_ctx:
+        seq_lens[0] = long_ctx
+    # The seats whose outputs must agree: all, or the short ones beside a long seat 0.
+    alike = 1 if long_ctx else 0
     heads = KV_HEADS * GROUP
     rows = []
     for nq in queries:
@@ -282,7 +291,7 @@ def seats_cell(kv: ModuleType, seats: int, ctx: int, queries: list[int],
 
         def run(segs: int, q: torch.Tensor = q, starts: torch.Tensor = starts,
                 nq: int = nq) -> torch.Tensor:
-            out: torch.Tensor = kv.attention(q, cache, table, seq_lens, starts, nq, ctx,
+            out: torch.Tensor = kv.attention(q, cache, table, seq_lens, starts, nq, longest,
                                              KV_HEADS, HEAD_SIZE ** -0.5, num_segments=segs)
             return out
 
@@ -291,15 +300,21 @@ def seats_cell(kv: ModuleType, seats: int, ctx: int, queries: list[int],
         for segs in segments:
             us = timed(lambda segs=segs: run(segs), 20)
             got = run(segs).float()
-            by_seat = got.view(seats, nq, heads, HEAD_SIZE)
-            row = {"seats": seats, "context": ctx, "q": nq, "segments": segs, "kvarn_us": us,
+            every = got.view(seats, nq, heads, HEAD_SIZE)
+            by_seat = every[alike:]
+            row = {"seats": seats, "context": ctx, "long_context": long_ctx, "q": nq,
+                   "segments": segs, "kvarn_us": us,
                    "over_served_segments": us / base_us,
                    "workspace_bytes": seats * nq * heads * segs * (HEAD_SIZE + 2) * 4,
                    "max_rel_diff_vs_served": float((got - served).abs().max()
                                                    / served.abs().max()),
                    "seat_spread": float((by_seat - by_seat[:1]).abs().max()
-                                        / by_seat[0].abs().max()),
+                                        / by_seat[0].abs().max()) if len(by_seat) else 0.0,
                    "finite": bool(torch.isfinite(got).all())}
+            if long_ctx and seats > 1:
+                # Seat 0 read more tokens than seat 1 with the same queries: they must differ.
+                row["long_vs_short"] = float((every[0] - every[1]).abs().max()
+                                             / every[1].abs().max())
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
@@ -311,11 +326,12 @@ SERVED_SEGMENTS = 32
 
 
 def print_seats(rows: list[dict[str, Any]]) -> None:
-    print("| seats | context | q | segments | µs | / 32 segments | workspace MiB | "
+    print("| seats | context | long seat | q | segments | µs | / 32 segments | workspace MiB | "
           "max rel diff |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['seats']} | {r['context']:,} | {r['q']} | {r['segments']} | "
+        print(f"| {r['seats']} | {r['context']:,} | {r['long_context']:,} | {r['q']} | "
+              f"{r['segments']} | "
               f"{r['kvarn_us']:.1f} | {r['over_served_segments']:.2f} | "
               f"{r['workspace_bytes'] / 2**20:.1f} | {r['max_rel_diff_vs_served']:.1e} |")
 
@@ -339,6 +355,8 @@ def main() -> int:
                    help="with --seats: each request's context")
     p.add_argument("--segments", default="1,2,4,8,16,32",
                    help="with --seats: the split-KV segment counts to time")
+    p.add_argument("--seat-long", type=int, default=0,
+                   help="with --seats: seat 0 reads this many tokens instead (a mixed batch)")
     args = p.parse_args()
     global DEVICE
     if args.smoke:
@@ -368,7 +386,8 @@ def main() -> int:
                     seat_skipped.append(f"{seats}x{ctx}")
                     continue
                 seat_rows.extend(seats_cell(kv, seats, ctx, queries,
-                                            [int(x) for x in args.segments.split(",")], gen))
+                                            [int(x) for x in args.segments.split(",")], gen,
+                                            args.seat_long))
         if args.json:
             args.json.write_text(json.dumps(
                 {"card": card, "torch": torch.__version__, "triton": triton.__version__,

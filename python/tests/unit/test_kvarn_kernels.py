@@ -404,3 +404,29 @@ def test_the_seats_benchmark_runs_on_the_interpreter(tmp_path: Path) -> None:
         # One bf16 step of the output's largest element, at most.
         assert r["max_rel_diff_vs_served"] <= 2.0 ** -7, r
         assert r["workspace_bytes"] == 2 * 24 * r["segments"] * (256 + 2) * 4
+
+
+def test_the_mixed_seats_benchmark_gives_seat_zero_the_long_context(tmp_path: Path) -> None:
+    """kvarn_attn.py --seats --seat-long (one long request among short ones): the short seats
+    still answer alike, seat 0 answers otherwise (it read twice the tokens), and each segment
+    count agrees with the served one, on the interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kvarn_attn.py"
+    out = tmp_path / "mixed.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--seats", "3", "--seat-contexts", "200",
+         "--seat-long", "400", "--segments", "4", "--queries", "1", "--json", str(out)],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+        timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["seats_rows"]
+    assert [(r["seats"], r["context"], r["long_context"]) for r in rows] == [(3, 200, 400)]
+    r = rows[0]
+    assert r["finite"] and r["seat_spread"] == 0.0, r
+    assert r["long_vs_short"] > 0.05, r
+    assert r["max_rel_diff_vs_served"] <= 2.0 ** -7, r
