@@ -55,6 +55,10 @@ TOP = (
     "opentelemetry-api>=1.27.0", "opentelemetry-exporter-otlp>=1.27.0",
     "opentelemetry-semantic-conventions-ai>=0.4.1", "python-multipart", "apache-tvm-ffi==0.1.11",
     "pycountry", "email-validator", "loguru",
+    # The wheel's pins of the grammar backends SamplingParams validation imports on every
+    # structured-output request (SKIP's comment): no package above requires them, so a
+    # bundle without them serves and then answers every such request 500.
+    "lm-format-enforcer==0.11.3", "outlines_core==0.2.14",
 )
 # On the machine already (its image), or not wanted on this tier (GPU libraries the served
 # path does not import, Windows-only, optional servers). The alternative grammar backends

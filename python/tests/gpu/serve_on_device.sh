@@ -89,7 +89,8 @@ import importlib.util
 if importlib.util.find_spec("vllm._C_stable_libtorch") is not None:
     rec["so_core"] = "present"
 for mod in ("vllm", "vllm._C_stable_libtorch", "vllm.platforms", "vllm.vllm_flash_attn",
-            "vllm.entrypoints.openai.api_server", "xgrammar", "openai"):
+            "vllm.entrypoints.openai.api_server", "xgrammar", "openai",
+            "lmformatenforcer", "outlines_core"):
     try:
         m = __import__(mod, fromlist=["_"])
         rec.setdefault("imports", {})[mod] = "ok"
