@@ -215,8 +215,9 @@ KV_BYTES_PER_TOKEN = {
 # to it, and the GPU tier to the profiler's own figure):
 # - the rows of each seat's open tiles at model precision (bf16 K and V), per attention layer:
 #   STAGE_ENTRIES_PER_SEQ (4) tiles a seat plus one scratch tile, of 128 tokens;
-# - one fp32 workspace shared by all layers for the split pass's partials, room for
-#   SPLIT_QUERY_MAX queries x SPLIT_SEGMENTS segments a seat (or a whole batch's tokens).
+# - one fp32 workspace shared by all layers for the split pass's partials, room for a seat's
+#   queries (1 + its drafts, at most SPLIT_QUERY_MAX) x SPLIT_SEGMENTS segments (or a whole
+#   batch's tokens at one segment).
 KVARN_TILE_TOKENS = 128
 KVARN_STAGE_TILES_PER_SEAT = 4
 KVARN_SPLIT_QUERY_MAX = 16

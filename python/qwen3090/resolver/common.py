@@ -171,11 +171,15 @@ def kvarn_staging_bytes(max_seqs: int, shape: AttentionShape = QWEN_27B_ATTENTIO
     return tiles * P.KVARN_TILE_TOKENS * shape.kv_heads * shape.head_dim * 2 * 2 * shape.layers
 
 
-def kvarn_workspace_bytes(max_seqs: int, max_batched_tokens: int = P.MAX_NUM_BATCHED_TOKENS,
+def kvarn_workspace_bytes(max_seqs: int, *, spec_tokens: int,
+                          max_batched_tokens: int = P.MAX_NUM_BATCHED_TOKENS,
                           shape: AttentionShape = QWEN_27B_ATTENTION) -> int:
     """The KVARN backend's fp32 split-pass workspace (one for all layers): partial outputs
-    and their (max, sum) pairs, per query row and head."""
-    rows = max(max_seqs * P.KVARN_SPLIT_QUERY_MAX * P.KVARN_SPLIT_SEGMENTS, max_batched_tokens)
+    and their (max, sum) pairs, per query row and head. A seat brings its sampled token and
+    the ``spec_tokens`` drafts it verifies to a split step, at every segment; a prefill
+    chunk's tokens take one segment each."""
+    queries = min(1 + spec_tokens, P.KVARN_SPLIT_QUERY_MAX)
+    rows = max(max_seqs * queries * P.KVARN_SPLIT_SEGMENTS, max_batched_tokens)
     return rows * shape.heads * (shape.head_dim + 2) * 4
 
 
@@ -186,7 +190,7 @@ def kvarn_staging_warning(b: PlanBuilder) -> None:
     if b.kv_cache_dtype != "kvarn_k4v2_g128":
         return
     staging = kvarn_staging_bytes(b.max_seqs)
-    workspace = kvarn_workspace_bytes(b.max_seqs)
+    workspace = kvarn_workspace_bytes(b.max_seqs, spec_tokens=b.num_spec_tokens)
     if staging + workspace >= P.KVARN_BUFFERS_WARN_BYTES:
         b.warnings.append(
             f"KVarN at MAX_SEQS={b.max_seqs} allocates {(staging + workspace) / (1 << 30):.2f} "

@@ -20,6 +20,7 @@ its environment variable points a test at another):
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,19 +212,23 @@ def _buffers_gib(life: dict[str, Any]) -> float:
     argv = life["plan"]["argv"]
     seats = int(argv[argv.index("--max-num-seqs") + 1])
     batched = int(argv[argv.index("--max-num-batched-tokens") + 1])
+    speculative = (json.loads(argv[argv.index("--speculative-config") + 1])
+                   if "--speculative-config" in argv else {})
     drafter = (model.get("mtp_num_hidden_layers") or 0) if life["serve"]["spec"] == "mtp" else 0
     shape = AttentionShape(layers=model["attention_layers"] + drafter,
                            heads=model["num_attention_heads"],
                            kv_heads=model["num_key_value_heads"], head_dim=model["head_dim"])
     return (kvarn_staging_bytes(seats, shape)
-            + kvarn_workspace_bytes(seats, batched, shape)) / GIB
+            + kvarn_workspace_bytes(seats, max_batched_tokens=batched, shape=shape,
+                                    spec_tokens=speculative.get("num_speculative_tokens", 0))
+            ) / GIB
 
 
 def test_the_profiler_charges_what_the_plan_prices() -> None:
     """vLLM's "Model loading took X GiB" is the weights plus what the KVARN backend allocates
     at model construction (staging and workspace; resolver.common prices them for the plan's
     warning). Between the batch life (64 seats) and the single-user one (8 seats) of the same
-    weights, the difference is the buffers' alone: 0.88 GiB at these widths."""
+    weights, the difference is the buffers' alone (the staging of 56 more seats)."""
     rest = {}
     for name in PLANNED:
         life = _life(name)

@@ -40,9 +40,10 @@ def test_batch_kvarn_plans_on_the_series_and_prices_its_seats(tmp_path: Path) ->
     assert arg_map(plan.vllm_args)["--kv-cache-dtype"] == "kvarn_k4v2_g128"
     staging = [w for w in plan.warnings if "staging" in w]
     assert len(staging) == 1 and "MAX_SEQS=64" in staging[0], plan.warnings
-    # 2.01 GiB of staging and 0.76 GiB of workspace at 64 seats.
-    assert "allocates 2.76 GiB" in staging[0], staging
-    assert "2.01 GiB of bf16 staging" in staging[0] and "0.76 GiB of split-pass" in staging[0]
+    # 2.01 GiB of staging and 0.05 GiB of workspace at 64 seats: batch has no speculator, so
+    # its split rows (64 seats x 1 query x 32 segments) are no more than a prefill chunk's.
+    assert "allocates 2.06 GiB" in staging[0], staging
+    assert "2.01 GiB of bf16 staging" in staging[0] and "0.05 GiB of split-pass" in staging[0]
     few = plan_for({"KV": "kvarn", "MAX_SEQS": "8"}, cli={"PROFILE": "batch"},
                    caps=series_caps(), cwd=tmp_path)
     assert not [w for w in few.warnings if "staging" in w], few.warnings
@@ -71,13 +72,21 @@ def test_the_staging_figures_are_the_backends() -> None:
     assert _constant(text, "STAGE_ENTRIES_PER_SEQ") == P.KVARN_STAGE_TILES_PER_SEAT
     assert _constant(text, "SPLIT_QUERY_MAX") == P.KVARN_SPLIT_QUERY_MAX
     assert _constant(text, "SPLIT_SEGMENTS") == P.KVARN_SPLIT_SEGMENTS
-    split = re.search(r"split = max_num_seqs \* SPLIT_QUERY_MAX \* SPLIT_SEGMENTS\n\s+"
-                      r"return max\(split, max_num_batched_tokens\) \* num_heads \* head_size",
+    queries = re.search(r"return min\(1 \+ num_speculative_tokens, SPLIT_QUERY_MAX\)", text)
+    split = re.search(r"split = max_num_seqs \* split_queries\(num_speculative_tokens\) "
+                      r"\* SPLIT_SEGMENTS\n\s+return max\(split, max_num_batched_tokens\)",
                       text)
+    sized = re.search(r"_workspace\(device, self\.split_rows \* num_heads \* head_size,", text)
     pairs = re.search(r"torch.empty\(floats // head_size \* 2, dtype=torch.float32", text)
-    assert split is not None and pairs is not None
-    # 64 seats x 16 queries x 32 segments rows, 24 heads, fp32 acc of 256 and an (m, l) pair.
-    assert kvarn_workspace_bytes(64) == 64 * 16 * 32 * 24 * (256 + 2) * 4
+    assert queries is not None and split is not None and sized is not None and pairs is not None
+    # 64 seats x 16 queries (15 drafts) x 32 segments rows, 24 heads, fp32 acc of 256 and an
+    # (m, l) pair; more drafts than that are still 16 queries, a prefill chunk's longest.
+    row = 24 * (256 + 2) * 4
+    assert kvarn_workspace_bytes(64, spec_tokens=15) == 64 * 16 * 32 * row
+    assert kvarn_workspace_bytes(64, spec_tokens=40) == 64 * 16 * 32 * row
+    # 8 seats verifying 3 MTP drafts: 8 x 4 x 32 = 1,024 rows, under a 2,048-token chunk's.
+    assert kvarn_workspace_bytes(8, spec_tokens=3) == 2048 * row
+    assert kvarn_workspace_bytes(64, spec_tokens=0, max_batched_tokens=512) == 64 * 32 * row
     # 16 attention layers x 128 rows x 4 kv heads x head 256, bf16 K and V.
     assert kvarn_staging_bytes(64) == 257 * 16 * 128 * 4 * 256 * 2 * 2
     assert 2.0 * GIB < kvarn_staging_bytes(64) < 2.1 * GIB

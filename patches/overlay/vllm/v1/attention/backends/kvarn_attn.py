@@ -31,9 +31,12 @@
 # with fixed-shape tensor ops (no host sync); forward allocates nothing: the
 # staging buffers and the split partials are allocated once, at model
 # construction, where vLLM's memory profiler counts them with the weights
-# (gotcha 17). Segment counts are fixed per path (decode/verify: a constant;
-# prefill: one), so no context length reaches a compile-time constant and the
-# grid does not depend on the context (gotcha 45).
+# (gotcha 17). The split partials are sized by the queries a seat can bring
+# (one, plus the drafts it verifies), not the most a verify step may hold.
+# Segment counts do not depend on the context (decode/verify: SPLIT_SEGMENTS,
+# halved only when a step's partials would not fit; prefill: one) and are
+# runtime arguments, so no context length reaches a compile-time constant
+# (gotcha 45).
 
 from __future__ import annotations
 
@@ -75,11 +78,29 @@ def stage_entries(max_num_seqs: int) -> int:
     return STAGE_ENTRIES_PER_SEQ * max_num_seqs
 
 
-def workspace_floats(max_num_seqs: int, max_num_batched_tokens: int, num_heads: int,
-                     head_size: int) -> int:
-    """fp32 elements of the split partials (acc; the (m, l) pairs come on top)."""
-    split = max_num_seqs * SPLIT_QUERY_MAX * SPLIT_SEGMENTS
-    return max(split, max_num_batched_tokens) * num_heads * head_size
+def split_queries(num_speculative_tokens: int) -> int:
+    """The most queries a request brings to a split (decode/verify) step: the token it
+    samples and the drafts it verifies, capped where a step becomes a prefill chunk."""
+    return min(1 + num_speculative_tokens, SPLIT_QUERY_MAX)
+
+
+def workspace_rows(max_num_seqs: int, max_num_batched_tokens: int,
+                   num_speculative_tokens: int) -> int:
+    """Rows (one per query token and segment) of the split partials: every seat's split
+    step at SPLIT_SEGMENTS segments, or a whole batch's tokens at one segment. Sized by
+    what a seat can ask (a batch with no speculator verifies nothing), not by fewer
+    segments: a long request among short ones needs all of them (python/docs/kvarn.md)."""
+    split = max_num_seqs * split_queries(num_speculative_tokens) * SPLIT_SEGMENTS
+    return max(split, max_num_batched_tokens)
+
+
+def segments_for(tokens: int, rows: int) -> int:
+    """SPLIT_SEGMENTS, halved until a step's partials fit the rows (a short prefill
+    chunk beside a full batch). The count is not a compile-time constant."""
+    segments = SPLIT_SEGMENTS
+    while segments > 1 and tokens * segments > rows:
+        segments //= 2
+    return segments
 
 
 class KVarNAttentionBackend(AttentionBackend):
@@ -371,11 +392,12 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         self.stage_k = torch.empty(rows, self.num_kv_heads, head_size, dtype=dtype,
                                    device=device)
         self.stage_v = torch.empty_like(self.stage_k)
-        self.max_split_tokens = max_num_seqs * SPLIT_QUERY_MAX
-        self.workspace = _workspace(
-            device, workspace_floats(max_num_seqs,
-                                     config.scheduler_config.max_num_batched_tokens,
-                                     num_heads, head_size), head_size)
+        spec = config.speculative_config
+        self.split_rows = workspace_rows(
+            max_num_seqs, config.scheduler_config.max_num_batched_tokens,
+            (spec.num_speculative_tokens or 0) if spec is not None else 0)
+        self.workspace = _workspace(device, self.split_rows * num_heads * head_size,
+                                    head_size)
         self._warm_kernels(device, dtype)
 
     def _warm_kernels(self, device: torch.device, dtype: torch.dtype) -> None:
@@ -453,9 +475,9 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         """kvarn.attention's two passes over this layer's preallocated partials."""
         tokens = q.shape[0]
         group = self.num_heads // self.num_kv_heads
-        split = md.max_query_len <= SPLIT_QUERY_MAX and tokens <= self.max_split_tokens
+        split = md.max_query_len <= SPLIT_QUERY_MAX
         plan = kvarn.plan_split(md.max_query_len, group, md.max_seq_len,
-                                SPLIT_SEGMENTS if split else 1)
+                                segments_for(tokens, self.split_rows) if split else 1)
         parts = tokens * self.num_heads * plan.num_segments
         part_acc = self.workspace.acc[:parts * self.head_size].view(
             tokens, self.num_heads, plan.num_segments, self.head_size)
