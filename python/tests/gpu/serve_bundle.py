@@ -55,11 +55,11 @@ TOP = (
     "opentelemetry-api>=1.27.0", "opentelemetry-exporter-otlp>=1.27.0",
     "opentelemetry-semantic-conventions-ai>=0.4.1", "python-multipart", "apache-tvm-ffi==0.1.11",
     "pycountry", "email-validator", "loguru",
-    # The wheel's pins of the grammar backends SamplingParams validation imports on every
-    # structured-output request (SKIP's comment): no package above requires them, so a
-    # bundle without them serves and then answers every such request 500.
-    "lm-format-enforcer==0.11.3", "outlines_core==0.2.14",
 )
+# The grammar backends SamplingParams validation imports on every structured-output request
+# (SKIP's comment), taken at the wheel's own pins: no package above requires them, so a bundle
+# without them serves and then answers every such request 500.
+WHEEL_PINNED = ("lm-format-enforcer", "outlines-core")
 # On the machine already (its image), or not wanted on this tier (GPU libraries the served
 # path does not import, Windows-only, optional servers). The alternative grammar backends
 # (outlines-core, lm-format-enforcer) stay in: SamplingParams validation imports all of them on
@@ -107,7 +107,11 @@ def requirements(wheel: Path) -> list[str]:
 
 def download_closure(dest: Path) -> None:
     present = device_packages()
-    todo, seen = list(TOP), set()
+    pinned = [r for r in requirements(ARGS.wheel)
+              if norm(re.split(r"[\s\[;<>=!~(]", r, maxsplit=1)[0]) in WHEEL_PINNED]
+    if len(pinned) != len(WHEEL_PINNED):
+        raise SystemExit(f"the wheel pins {pinned}, expected one each of {WHEEL_PINNED}")
+    todo, seen = [*TOP, *pinned], set()
     plat = [a for p in PLATFORMS for a in ("--platform", p)]
     while todo:
         spec = todo.pop(0)
