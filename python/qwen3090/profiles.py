@@ -214,12 +214,12 @@ KV_BYTES_PER_TOKEN = {
 # it sizes the pool (kvarn_attn.py in the kvarn-backend overlay; a unit test holds these equal
 # to it, and the GPU tier to the profiler's own figure):
 # - the rows of each seat's open tiles at model precision (bf16 K and V), per attention layer:
-#   STAGE_ENTRIES_PER_SEQ (4) tiles a seat plus one scratch tile, of 128 tokens;
+#   STAGE_ENTRIES_PER_SEQ (2) tiles a seat plus one scratch tile, of 128 tokens;
 # - one fp32 workspace shared by all layers for the split pass's partials, room for a seat's
 #   queries (1 + its drafts, at most SPLIT_QUERY_MAX) x SPLIT_SEGMENTS segments (or a whole
 #   batch's tokens at one segment).
 KVARN_TILE_TOKENS = 128
-KVARN_STAGE_TILES_PER_SEAT = 4
+KVARN_STAGE_TILES_PER_SEAT = 2
 KVARN_SPLIT_QUERY_MAX = 16
 KVARN_SPLIT_SEGMENTS = 32
 KVARN_BUFFERS_WARN_BYTES = 1 << 30

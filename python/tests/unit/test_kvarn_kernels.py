@@ -209,6 +209,52 @@ def test_a_partial_tile_writes_only_its_rows(kvarn: ModuleType) -> None:
     assert (batch.cache[block, 1] == 0xFF).all()
 
 
+def test_a_tile_whose_rows_were_lost_is_rebuilt_from_the_cache(kvarn: ModuleType) -> None:
+    """tile_keep: the staging rows a caller lost (overwritten by another tile's) are restored
+    from the tile the cache holds, then re-quantized with the new rows. The restored rows are
+    the cache's dequantized rows; the tile stays near its exact rows, where quantizing the
+    foreign rows would not."""
+    kept, n = 100, 101
+    batch = _store(kvarn, [kept], [1])
+    block = int(batch.block_table[0, 0])
+    before = [ref.read_head_tile(kvarn, batch.cache, block, 0, h, kept) for h in range(2)]
+    gen = torch.Generator().manual_seed(7)
+    exact_k = torch.cat([batch.keys[0], _keys(1, 2, 64, gen)])
+    exact_v = torch.cat([batch.values[0], torch.randn(1, 2, 64, generator=gen)])
+    # Staging: another tile's rows where the lost ones were, this step's row after them.
+    stage_k = torch.cat([_keys(kept, 2, 64, gen), exact_k[kept:]]).to(torch.bfloat16)
+    stage_v = torch.cat([torch.randn(kept, 2, 64, generator=gen), exact_v[kept:]])
+    stage_v = stage_v.to(torch.bfloat16)
+    foreign_k, foreign_v = stage_k.float(), stage_v.float()
+
+    def ints(*values: int) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32)
+
+    kvarn.store_tiles(stage_k, stage_v, batch.cache, ints(0), ints(n),
+                      torch.tensor([block * 2]), ints(kept))
+    report = []
+    for h in range(2):
+        # The restored rows are the earlier tile's dequantized rows, at staging precision.
+        assert _rel(stage_k[:kept, h].float(), before[h].k) < 5e-3
+        assert _rel(stage_v[:kept, h].float(), before[h].v) < 5e-3
+        assert torch.equal(stage_k[kept:, h].float(), exact_k[kept:, h].to(torch.bfloat16).float())
+        after = ref.read_head_tile(kvarn, batch.cache, block, 0, h, n)
+        want = ref.quantize_tile(stage_k[:, h].float(), stage_v[:, h].float(),
+                                 kvarn.NORMALIZE_ITERS)
+        assert (after.k_codes == want.k_codes).float().mean() > 0.99
+        assert (after.v_codes == want.v_codes).float().mean() > 0.99
+        k_err, v_err = _rel(after.k, exact_k[:, h]), _rel(after.v, exact_v[:, h])
+        once = (_rel(before[h].k, exact_k[:kept, h]), _rel(before[h].v, exact_v[:kept, h]))
+        garbage = (_rel(foreign_k[:kept, h], exact_k[:kept, h]),
+                   _rel(foreign_v[:kept, h], exact_v[:kept, h]))
+        report.append((h, round(k_err, 3), round(v_err, 3), [round(x, 3) for x in once],
+                       [round(x, 3) for x in garbage]))
+        # Quantized twice: within 1.5x of once, far from the foreign rows it replaced.
+        assert k_err < 1.5 * once[0] and v_err < 1.5 * once[1], report[-1]
+        assert k_err < 0.2 * garbage[0] and v_err < 0.6 * garbage[1], report[-1]
+    print("(head, key err, value err, [once], [foreign rows]):", report)
+
+
 # --------------------------------------------------------------- attention
 
 

@@ -9,7 +9,10 @@ Sections (each reports the exception text where the tree refuses):
   ``argv[2]`` (default cpu: the Triton interpreter, TRITON_INTERPRET=1 in the environment;
   cuda: the compiled kernels, for the GPU tier): each step builds the
   metadata with the real builder from a CommonAttentionMetadata and runs forward for one
-  layer; the file gets the inputs, each step's outputs and a copy of the cache after it.
+  layer; the file gets the inputs, each step's outputs and a copy of the cache after it,
+  and (``starved``) a lost open tile rebuilt from the cache on the same device.
+- ``freed``: the builder alone; a closed tile's entry is reused before an unscheduled
+  request's.
 """
 
 from __future__ import annotations
@@ -153,6 +156,8 @@ def stream_section(path: str, device_name: str) -> dict[str, Any]:
         record["outputs"].append(output.view(tokens, HEADS, HEAD_SIZE).cpu())
         record["caches"].append(cache.to("cpu", copy=True))  # a snapshot, also on the CPU
         record["block_tables"].append({r: list(owned[r]) for r in reqs})
+    # The lost-tile rebuild on the same device (the GPU record carries it).
+    record["starved"] = attempt(lambda: starved_section(device_name))
     torch.save(record, path)
     return {"steps": len(STEPS), "tile_bytes": kvarn.head_tile_bytes(HEAD_SIZE),
             "staging_rows": int(impl.stage_k.shape[0]), "entries": builder.entries,
@@ -182,25 +187,73 @@ def common_metadata(batch: dict[str, tuple[int, int]], blocks: dict[str, list[in
         slot_mapping=torch.zeros(tokens, dtype=torch.int64, device=device))
 
 
-def starved_section() -> dict[str, Any]:
-    """The builder alone at max_num_seqs 1 (4 entries), one request a step: "p" keeps a tile
-    open, is left unscheduled while two prompts open two tiles each (the second takes p's
-    entry, least recently claimed), then continues it. Its rows are gone; the builder's
-    lost-tile count says so (kvarn_attn.py's documented limit)."""
+def starved_section(device_name: str = "cpu") -> dict[str, Any]:
+    """The backend at max_num_seqs 1 (2 entries), one request a step (on the CPU: the
+    interpreter):
+    "p" keeps a tile open, is left unscheduled while "q"'s prompt opens two tiles (taking both
+    entries, p's the least recently claimed), then continues its tile. Its exact rows are
+    gone: the builder counts the tile lost and the store rebuilds its earlier rows from the
+    cache (kvarn_attn.py's documented limit). Reports p's rows and its tile's dequantized
+    rows after the last step, and what the staging entry held before it (q's rows)."""
     import torch
-    from vllm.config import VllmConfig
-    from vllm.v1.attention.backends.kvarn_attn import KVarNMetadataBuilder
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.v1.attention.backends.kvarn_attn import KVarNAttentionBackend
+    from vllm.v1.attention.ops import kvarn
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
 
     config = VllmConfig()
     config.scheduler_config.max_num_seqs = 1
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
                              dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
-    builder = KVarNMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
-    blocks = {"p": [1], "q": [2], "r": [3], "s": [4]}
+    with set_current_vllm_config(config):
+        builder = KVarNAttentionBackend.get_builder_cls()(spec, ["layer.0"], config,
+                                                          torch.device(device_name))
+        impl = KVarNAttentionBackend.get_impl_cls()(HEADS, HEAD_SIZE, HEAD_SIZE ** -0.5,
+                                                     KV_HEADS, kv_cache_dtype=DTYPE)
+    cache = torch.full(KVarNAttentionBackend.get_kv_cache_shape(5, BLOCK, KV_HEADS, HEAD_SIZE),
+                       0xFF, dtype=torch.uint8, device=device_name)
+    gen = torch.Generator().manual_seed(1)
+    blocks = {"p": [1], "q": [2]}
+    rows: dict[str, list[torch.Tensor]] = {"p": [], "q": []}
     lost = []
-    for batch in ({"p": (0, 100)}, {"p": (100, 1)}, {"q": (0, 130)}, {"r": (0, 130)},
-                  {"p": (101, 1)}):
+    steps = ({"p": (0, 100)}, {"p": (100, 1)}, {"q": (0, 130)}, {"p": (101, 1)})
+    for batch in steps:
+        (r, (_, n)), = batch.items()
+        k = (torch.randn(n, KV_HEADS, HEAD_SIZE, generator=gen) + 1.0).to(torch.bfloat16)
+        v = torch.randn(n, KV_HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16)
+        rows[r].append(torch.stack([k, v]))
+        md = builder.build(0, common_metadata(batch, blocks, device_name))
+        out = torch.empty(n, HEADS * HEAD_SIZE, device=device_name)
+        q = torch.randn(n, HEADS * HEAD_SIZE, generator=gen).to(torch.bfloat16)
+        impl.forward(None, q.to(device_name), k.reshape(n, -1).to(device_name),  # type: ignore[arg-type]
+                     v.reshape(n, -1).to(device_name), cache, md, out)
+        lost.append(int(builder.lost_tiles))
+    # [2 (k, v), rows, heads, D]: p's 102 rows and q's first 128 (what p's entry held).
+    return {"entries": builder.entries, "lost_after_step": lost,
+            "p_rows": torch.cat(rows["p"], 1).float().tolist(),
+            "q_rows": rows["q"][0][:, :kvarn.TILE_TOKENS].float().tolist(),
+            "p_tile": cache[1, 0].cpu().tolist()}
+
+
+def freed_section() -> dict[str, Any]:
+    """The builder alone at max_num_seqs 2 (4 entries): "p" keeps a tile open and is left
+    unscheduled while "r"'s prompt, in 100-token chunks, opens four tiles. Each chunk closes
+    the tile before it for good, and its entry is freed and reused first; least recently
+    claimed alone would hand r p's entry at the fourth tile."""
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.kvarn_attn import KVarNMetadataBuilder
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
+
+    config = VllmConfig()
+    config.scheduler_config.max_num_seqs = 2
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
+                             dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
+    builder = KVarNMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
+    blocks = {"p": [1], "r": [2, 3]}
+    lost = []
+    for batch in ({"p": (0, 100)}, {"r": (0, 100)}, {"r": (100, 100)}, {"r": (200, 100)},
+                  {"r": (300, 100)}, {"p": (100, 1)}):
         builder.build(0, common_metadata(batch, blocks))
         lost.append(int(builder.lost_tiles))
     return {"entries": builder.entries, "lost_after_step": lost}
@@ -208,7 +261,7 @@ def starved_section() -> dict[str, Any]:
 
 def main() -> None:
     result: dict[str, Any] = {"selector": selector_section(),
-                              "starved": attempt(starved_section)}
+                              "freed": attempt(freed_section)}
     if len(sys.argv) > 1:
         device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
         result["stream"] = attempt(lambda: stream_section(sys.argv[1], device))

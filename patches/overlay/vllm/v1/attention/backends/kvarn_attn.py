@@ -23,9 +23,13 @@
 # request that need their rows later: the tile holding its first new position
 # (continued) and the tile holding its last (opened). A verify step can cross
 # a tile boundary and then be rolled back, so the first tile keeps its entry
-# while the request's first new position is still in it. Unclaimed entries are
-# reused least recently claimed first, so an entry survives any request that
-# goes unscheduled for a few steps (python/docs/kvarn.md, "the open tile").
+# while the request's first new position is still in it; the tile before it is
+# closed for good, so its entry is freed. Freed entries are reused first, then
+# the least recently claimed, so an entry survives a request that goes
+# unscheduled for a few steps. One that did not is no longer garbage: the
+# store restores the tile's earlier rows from what the cache holds for them
+# (lossy: their exact values are gone) before it re-quantizes the tile
+# (python/docs/kvarn.md, "the open tile").
 #
 # The builder resolves the entries once a step for every layer of its group
 # with fixed-shape tensor ops (no host sync); forward allocates nothing: the
@@ -63,9 +67,9 @@ from vllm.v1.attention.ops import kvarn
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 TILE = kvarn.TILE_TOKENS
-# Staging entries per max_num_seqs: two tiles a step per request, twice over
-# so that an unscheduled request's entries outlive others' new tiles.
-STAGE_ENTRIES_PER_SEQ = 4
+# Staging entries per max_num_seqs: the two tiles a step touches per request
+# (the second only while a verify step that crossed a tile may roll back).
+STAGE_ENTRIES_PER_SEQ = 2
 # Queries per request up to which a batch takes the split (decode/verify)
 # plan; a longer query is a prefill chunk and takes one segment per query
 # tile, its parallelism coming from the query tiles.
@@ -170,6 +174,8 @@ class KVarNMetadata(AttentionMetadata):
     staged_src: torch.Tensor  # int32
     staged_len: torch.Tensor  # int32
     staged_slot: torch.Tensor  # int64
+    # Rows of each staged tile restored from the cache first (its entry was lost).
+    staged_keep: torch.Tensor  # int32
     # Tiles a prefill chunk covers whole, quantized from the chunk's rows.
     direct_src: torch.Tensor  # int32
     direct_len: torch.Tensor  # int32
@@ -199,8 +205,8 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         self._rows = torch.zeros(entries + 1, dtype=torch.int64, device=device)
         self._step = 0
         # Continued tiles whose exact rows were gone (an entry reused while its
-        # request was unscheduled): re-quantized from stale rows. Read it (a
-        # device sync) where a log can afford it; it should stay 0.
+        # request was unscheduled): their earlier rows restored from the cache.
+        # Read it (a device sync) where a log can afford it; it should stay 0.
         self.lost_tiles = torch.zeros((), dtype=torch.int64, device=device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -226,7 +232,9 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         two = tile_b != tile_a
         key_a = torch.where(live, slot(tile_a), -1)
         key_b = torch.where(live & two, slot(tile_b), -1)
-        entry, found = self._claim(torch.stack([key_a, key_b], 1).reshape(-1))
+        # The tile before a: every row of it is accepted, so nothing stages it again.
+        closed = torch.where(live & (tile_a > 0), slot((tile_a - 1).clamp(min=0)), -1)
+        entry, found = self._claim(torch.stack([key_a, key_b], 1).reshape(-1), closed)
         entry = entry.view(reqs, 2)
         entry_a = entry[:, 0]
         entry_b = torch.where(two, entry[:, 1], entry_a)
@@ -261,6 +269,8 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
                                   torch.where(live & two, len_b, 1)], 1)
         staged_slot = torch.stack([torch.where(live, key_a, null),
                                    torch.where(live & two, key_b, null)], 1)
+        # A lost tile a is rebuilt from the cache's rows before its new ones.
+        staged_keep = torch.stack([torch.where(lost, kept, 0), null], 1)
         self._rows.index_copy_(0, (staged_src // TILE).reshape(-1),
                                torch.where(staged_slot > 0, staged_len, 0).reshape(-1))
         self._rows[self.entries] = 0
@@ -296,18 +306,24 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
             staged_src=staged_src.reshape(-1).int(),
             staged_len=staged_len.reshape(-1).int(),
             staged_slot=staged_slot.reshape(-1),
+            staged_keep=staged_keep.reshape(-1).int(),
             direct_src=direct_src.int(),
             direct_len=direct_len.int(),
             direct_slot=direct_slot.long(),
         )
 
-    def _claim(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _claim(self, keys: torch.Tensor,
+               closed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Staging entry of each tile slot key (-1: none, the scratch entry), and
         whether the key already had one.
 
-        A key already in the table keeps its entry; a new key takes the
-        unclaimed entry claimed longest ago. Fixed-shape ops only: no sync."""
+        Entries of the ``closed`` keys are freed first. A key already in the
+        table keeps its entry; a new key takes a free entry, else the unclaimed
+        entry claimed longest ago. Fixed-shape ops only: no sync."""
         self._step += 1
+        dead = ((self._keys[None, :] == closed[:, None]) & (closed >= 0)[:, None]).any(0)
+        self._keys.masked_fill_(dead, -1)
+        self._stamp.masked_fill_(dead, 0)
         keyed = keys >= 0
         match = (self._keys[None, :] == keys[:, None]) & keyed[:, None]
         found = match.any(1)
@@ -404,10 +420,11 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         """Compile this layer shape's kernels now, at model construction, instead of
         on the first requests (gotcha 45: the profile run hands forward no metadata,
         so nothing else compiles them before serving). One scratch tile, one request:
-        the store from staging, then the split pass's two query tilings (decode, and
-        verify/prefill) and the reduce, with the arguments forward passes (the same
-        dtypes, contiguity and per-shape strides), so Triton's specialisation keys
-        match the later calls. Once per process and shape."""
+        the store without and with restored rows, then the split pass's two query
+        tilings (decode, and verify/prefill) and the reduce, with the arguments
+        forward passes (the same dtypes, contiguity and per-shape strides), so
+        Triton's specialisation keys match the later calls. Once per process and
+        shape."""
         key = (str(device), self.num_heads, self.num_kv_heads, self.head_size, dtype)
         if device.type != "cuda" or key in _WARMED:
             return
@@ -422,13 +439,17 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         self.stage_v.zero_()
         kvarn.store_tiles(self.stage_k, self.stage_v, cache, ints(0), ints(TILE),
                           ints(0, dtype=torch.int64))
+        # forward's staged store (tile_keep given; 64 rows restored so the branch runs too).
+        kvarn.store_tiles(self.stage_k, self.stage_v, cache, ints(0), ints(TILE),
+                          ints(0, dtype=torch.int64), ints(TILE // 2))
         for queries in (1, SPLIT_QUERY_MAX):
             md = KVarNMetadata(
                 num_actual_tokens=queries, max_query_len=queries, max_seq_len=TILE,
                 query_start_loc=ints(0, queries), seq_lens=ints(TILE),
                 block_table=ints(0).view(1, 1),
                 stage_dst=ints(0, dtype=torch.int64), staged_src=ints(0), staged_len=ints(1),
-                staged_slot=ints(0, dtype=torch.int64), direct_src=ints(), direct_len=ints(),
+                staged_slot=ints(0, dtype=torch.int64), staged_keep=ints(0),
+                direct_src=ints(), direct_len=ints(),
                 direct_slot=ints(dtype=torch.int64))
             q = torch.zeros(queries, self.num_heads * self.head_size, dtype=dtype,
                             device=device)
@@ -461,7 +482,7 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         self.stage_k.index_copy_(0, md.stage_dst, key.to(self.stage_k.dtype))
         self.stage_v.index_copy_(0, md.stage_dst, value.to(self.stage_v.dtype))
         kvarn.store_tiles(self.stage_k, self.stage_v, kv_cache, md.staged_src, md.staged_len,
-                          md.staged_slot)
+                          md.staged_slot, md.staged_keep)
         if md.direct_src.numel():
             kvarn.store_tiles(key, value, kv_cache, md.direct_src, md.direct_len,
                               md.direct_slot)

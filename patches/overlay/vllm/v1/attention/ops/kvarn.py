@@ -196,6 +196,50 @@ def _round_half_up(x):
 # ------------------------------------------------------------------- store
 
 
+@triton.jit
+def _restore_rows(
+    key_ptr, value_ptr, cache_u8_ptr, cache_f16_ptr, src, keep, base, base16,
+    stride_kt, stride_kh, stride_vt, stride_vh, head,
+    D: tl.constexpr, LOG2_D: tl.constexpr, T: tl.constexpr,
+    OFF_VC: tl.constexpr, OFF_KS: tl.constexpr, OFF_VS: tl.constexpr,
+    OFF_VZ: tl.constexpr, OFF_KM: tl.constexpr, OFF_KC: tl.constexpr,
+    OFF_VCS: tl.constexpr,
+):
+    """Rows 0 .. keep - 1 of the tile at base, dequantized and rotated back, written over
+    source rows src .. src + keep - 1: the store then re-quantizes the tile from what the
+    cache held for those rows (their exact values are gone) plus the new ones."""
+    rows = tl.arange(0, T)
+    cols = tl.arange(0, D)
+    half = tl.arange(0, D // 2)
+    quarter = tl.arange(0, D // 4)
+    kept = rows < keep
+    inv_sqrt_d = 1.0 / tl.sqrt(D * 1.0)
+    # Keys: mu + c * s * (code - 8) in the rotated basis, two codes a byte.
+    kb = tl.load(cache_u8_ptr + base + rows[:, None] * (D // 2) + half[None, :],
+                 mask=kept[:, None], other=0).to(tl.int32)
+    code = tl.reshape(tl.join((kb & 15) - 8, (kb >> 4) - 8), (T, D)).to(tl.float32)
+    s = tl.load(cache_f16_ptr + base16 + OFF_KS // 2 + rows, mask=kept, other=0.0)
+    mu = tl.load(cache_f16_ptr + base16 + OFF_KM // 2 + cols).to(tl.float32)
+    c = tl.load(cache_f16_ptr + base16 + OFF_KC // 2 + cols).to(tl.float32)
+    k = mu[None, :] + c[None, :] * s.to(tl.float32)[:, None] * code
+    k = _hadamard(k, T, D, LOG2_D) * inv_sqrt_d
+    tl.store(key_ptr + (src + rows)[:, None] * stride_kt + head * stride_kh + cols[None, :],
+             k.to(key_ptr.dtype.element_ty), mask=kept[:, None])
+    # Values: c * (a * code + b), four codes a byte (channel 4i + j at bits 2j).
+    vb = tl.load(cache_u8_ptr + base + OFF_VC + rows[:, None] * (D // 4) + quarter[None, :],
+                 mask=kept[:, None], other=0).to(tl.int32)
+    code = tl.reshape(
+        tl.join(tl.join(vb & 3, (vb >> 4) & 3), tl.join((vb >> 2) & 3, vb >> 6)),
+        (T, D)).to(tl.float32)
+    a = tl.load(cache_f16_ptr + base16 + OFF_VS // 2 + rows, mask=kept, other=0.0)
+    b = tl.load(cache_f16_ptr + base16 + OFF_VZ // 2 + rows, mask=kept, other=0.0)
+    c = tl.load(cache_f16_ptr + base16 + OFF_VCS // 2 + cols).to(tl.float32)
+    v = c[None, :] * (a.to(tl.float32)[:, None] * code + b.to(tl.float32)[:, None])
+    v = _hadamard(v, T, D, LOG2_D) * inv_sqrt_d
+    tl.store(value_ptr + (src + rows)[:, None] * stride_vt + head * stride_vh
+             + cols[None, :], v.to(value_ptr.dtype.element_ty), mask=kept[:, None])
+
+
 @triton.jit(do_not_specialize=["stride_kt", "stride_kh", "stride_vt", "stride_vh"])
 def _kvarn_store_kernel(
     key_ptr, value_ptr,            # [tokens, kv_heads, D], any float dtype
@@ -203,12 +247,13 @@ def _kvarn_store_kernel(
     tile_src_ptr,                  # int32 [tiles]: first source row
     tile_len_ptr,                  # int32 [tiles]: valid rows, 1..128
     tile_slot_ptr,                 # int64 [tiles]: block * tiles_per_block + tile
+    tile_keep_ptr,                 # int32 [tiles]: rows restored from the cache first
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_slot, stride_head,      # bytes
     D: tl.constexpr, LOG2_D: tl.constexpr, T: tl.constexpr, ITERS: tl.constexpr,
     OFF_VC: tl.constexpr, OFF_KS: tl.constexpr, OFF_VS: tl.constexpr,
     OFF_VZ: tl.constexpr, OFF_KM: tl.constexpr, OFF_KC: tl.constexpr,
-    OFF_VCS: tl.constexpr,
+    OFF_VCS: tl.constexpr, HAS_KEEP: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -217,6 +262,16 @@ def _kvarn_store_kernel(
     slot = tl.load(tile_slot_ptr + tile).to(tl.int64)
     base = slot * stride_slot + head * stride_head  # bytes; even
     base16 = base // 2
+
+    if HAS_KEEP:
+        keep = tl.load(tile_keep_ptr + tile)
+        if keep > 0:
+            _restore_rows(key_ptr, value_ptr, cache_u8_ptr, cache_f16_ptr, src, keep, base,
+                          base16, stride_kt, stride_kh, stride_vt, stride_vh, head,
+                          D, LOG2_D, T, OFF_VC, OFF_KS, OFF_VS, OFF_VZ, OFF_KM, OFF_KC,
+                          OFF_VCS)
+            # The rows just written are read back below by other threads.
+            tl.debug_barrier()
 
     rows = tl.arange(0, T)
     cols = tl.arange(0, D)
@@ -294,14 +349,19 @@ def _check_cache(cache: torch.Tensor, num_kv_heads: int, head_size: int) -> None
 
 def store_tiles(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor,
                 tile_src: torch.Tensor, tile_len: torch.Tensor,
-                tile_slot: torch.Tensor) -> None:
+                tile_slot: torch.Tensor, tile_keep: torch.Tensor | None = None) -> None:
     """Quantize whole or partial tiles into ``cache``.
 
     key, value: [tokens, num_kv_heads, head_size]; tile i is rows
     tile_src[i] .. tile_src[i] + tile_len[i] - 1 (1 <= tile_len <= 128), and
     lands in tile slot tile_slot[i] = block * tiles_per_block + tile index.
     A partial tile's statistics come from its valid rows only; rewriting a
-    tile as it fills (from its full-precision rows) is the caller's job."""
+    tile as it fills (from its full-precision rows) is the caller's job.
+
+    tile_keep (int32 [tiles], optional): the tile's first tile_keep[i] rows
+    are first restored into key/value, dequantized from what the slot holds
+    (a caller that lost their exact rows; 0: none), then quantized with the
+    rest. Restored rows carry the tile's earlier quantization error."""
     num_tiles = tile_src.shape[0]
     if num_tiles == 0:
         return
@@ -312,10 +372,11 @@ def store_tiles(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor,
     grid = (num_tiles, kv_heads)
     _kvarn_store_kernel[grid](
         key, value, cache, cache.view(torch.float16),
-        tile_src, tile_len, tile_slot,
+        tile_src, tile_len, tile_slot, tile_src if tile_keep is None else tile_keep,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         cache.stride(1), cache.stride(2),
-        ITERS=NORMALIZE_ITERS, num_warps=8, **_layout_constexprs(head_size),
+        ITERS=NORMALIZE_ITERS, HAS_KEEP=tile_keep is not None, num_warps=8,
+        **_layout_constexprs(head_size),
     )
 
 
