@@ -47,10 +47,12 @@ class Life:
 
 
 LIVES = {
+    # The demo model's widths serving the planner's CTX=huge rows (before session 10 these
+    # two passed the kvarn flags through EXTRA_ARGS, labelled "kv=kvarn spec=...").
     "demo-off": Life("QWEN3090_GPU_KVARN_RECORD", "serve_kvarn_result.json",
-                     "kv=kvarn spec=off", "LIFE_KV=kvarn SPEC=off"),
+                     "single-user CTX=huge spec=off", "LIFE_KV=kvarn SPEC=off"),
     "demo-mtp": Life("QWEN3090_GPU_KVARN_MTP_RECORD", "serve_kvarn_mtp_result.json",
-                     "kv=kvarn spec=mtp", "LIFE_KV=kvarn SPEC=mtp"),
+                     "single-user CTX=huge spec=mtp", "LIFE_KV=kvarn SPEC=mtp"),
     "huge-off": Life("QWEN3090_GPU_KVARN_HUGE_RECORD", "serve_kvarn_huge_result.json",
                      "single-user CTX=huge spec=off", "LIFE_KV=kvarn SPEC=off SHAPE=27b"),
     "huge-mtp": Life("QWEN3090_GPU_KVARN_HUGE_MTP_RECORD", "serve_kvarn_huge_mtp_result.json",
