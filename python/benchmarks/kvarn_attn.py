@@ -26,6 +26,12 @@ context, at each split-KV segment count, beside the count the KVARN backend laun
 batch of seats needs (python/docs/kvarn.md, "Next" item 9); ``--seat-long 65536`` makes seat 0
 a long request among short ones. Each count's largest difference
 from 32's output, relative to its largest element, is printed (bf16 rounding: about 4e-3).
+
+``--store-seats 1,8,48,64`` instead times one decode step's store per layer as the backend
+launches it (two tiles a seat from staging), without ``tile_keep``, with it all zeros, and
+with every open tile lost; ``--also-overlay OLD/kvarn.py`` times another version of the
+overlay beside this tree's in the same run (the question: what the lost-tile restore costs
+the steps that lose nothing).
 """
 
 from __future__ import annotations
@@ -52,8 +58,8 @@ TILE = 128
 DEVICE = "cuda"
 
 
-def load_kvarn() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_bench_kvarn", OVERLAY)
+def load_kvarn(path: Path = OVERLAY, name: str = "_bench_kvarn") -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while decorating
@@ -320,6 +326,49 @@ def seats_cell(kv: ModuleType, seats: int, ctx: int, queries: list[int],
     return rows
 
 
+def store_cell(kv: ModuleType, name: str, seats: int, gen: torch.Generator,
+               reps: int) -> dict[str, Any]:
+    """One decode step's re-quantizing store as the KVARN backend launches it per layer:
+    two tiles a seat from the staging rows (the open tile, 1..128 rows, and the null
+    second tile of one row), timed three ways: without ``tile_keep``; with it all zeros
+    (no tile lost: the common step); and with every open tile lost (all but its last row
+    restored from the cache first: the worst step)."""
+    dev = DEVICE
+    rows_total = 2 * seats * TILE + TILE  # two staging entries a seat, and scratch
+    stage_k = keys_like(rows_total, gen).to(dev, torch.bfloat16)
+    stage_v = torch.randn(rows_total, KV_HEADS, HEAD_SIZE, generator=gen).to(dev, torch.bfloat16)
+    tiles_per_block = BLOCK // TILE
+    blocks = 1 + -(-seats // tiles_per_block)
+    cache = torch.full(kv.cache_shape(blocks, BLOCK, KV_HEADS, HEAD_SIZE), 0xFF,
+                       dtype=torch.uint8, device=dev)
+    open_len = torch.randint(1, TILE + 1, (seats,), generator=gen).to(dev, torch.int32)
+    seat = torch.arange(seats, device=dev)
+    entry_a = 2 * seat
+    src = torch.stack([entry_a, torch.full_like(seat, 2 * seats)], 1) * TILE
+    length = torch.stack([open_len, torch.ones_like(open_len)], 1)
+    slot = torch.stack([tiles_per_block + seat, torch.zeros_like(seat)], 1)  # null: block 0
+    src, length, slot = (src.reshape(-1).int(), length.reshape(-1).int(),
+                         slot.reshape(-1).long())
+    kv.store_tiles(stage_k, stage_v, cache, src, length, slot)  # the tiles hold rows
+    none = torch.zeros_like(length)
+    lost = torch.stack([open_len - 1, torch.zeros_like(open_len)], 1).reshape(-1).int()
+    row: dict[str, Any] = {"overlay": name, "seats": seats, "tiles": int(src.numel())}
+    for label, keep in (("no_keep", None), ("keep_zero", none), ("all_lost", lost)):
+        row[f"{label}_us"] = timed(
+            lambda keep=keep: kv.store_tiles(stage_k, stage_v, cache, src, length, slot, keep),
+            reps)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def print_store(rows: list[dict[str, Any]]) -> None:
+    print("| overlay | seats | tiles | no tile_keep µs | tile_keep zeros µs | every tile lost µs |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['overlay']} | {r['seats']} | {r['tiles']} | {r['no_keep_us']:.1f} | "
+              f"{r['keep_zero_us']:.1f} | {r['all_lost_us']:.1f} |")
+
+
 # The segment count the KVARN backend launches for decode and verify (kvarn_attn.py's
 # SPLIT_SEGMENTS in the kvarn-backend overlay).
 SERVED_SEGMENTS = 32
@@ -355,6 +404,11 @@ def main() -> int:
                    help="with --seats: each request's context")
     p.add_argument("--segments", default="1,2,4,8,16,32",
                    help="with --seats: the split-KV segment counts to time")
+    p.add_argument("--store-seats", default="",
+                   help="comma list: time one decode step's store for that many seats instead")
+    p.add_argument("--also-overlay", type=Path, action="append", default=[],
+                   help="with --store-seats: another kvarn.py to time beside this tree's "
+                        "(e.g. an earlier commit's, from git show)")
     p.add_argument("--seat-long", type=int, default=0,
                    help="with --seats: seat 0 reads this many tokens instead (a mixed batch)")
     args = p.parse_args()
@@ -377,6 +431,19 @@ def main() -> int:
     queries = [int(x) for x in args.queries.split(",")]
     started = time.monotonic()
     card = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (interpreter)"
+    if args.store_seats:
+        overlays = [("tree", kv)] + [
+            (path.name, load_kvarn(path, f"_bench_kvarn_{i}"))
+            for i, path in enumerate(args.also_overlay)]
+        reps = 3 if args.smoke else 50
+        store_rows = [store_cell(mod, name, int(n), gen, reps)
+                      for n in args.store_seats.split(",") for name, mod in overlays]
+        if args.json:
+            args.json.write_text(json.dumps(
+                {"card": card, "torch": torch.__version__, "triton": triton.__version__,
+                 "store_rows": store_rows}, indent=2) + "\n")
+        print_store(store_rows)
+        return 0
     if args.seats:
         seat_rows: list[dict[str, Any]] = []
         seat_skipped: list[str] = []
