@@ -28,10 +28,11 @@ a long request among short ones. Each count's largest difference
 from 32's output, relative to its largest element, is printed (bf16 rounding: about 4e-3).
 
 ``--store-seats 1,8,48,64`` instead times one decode step's store per layer as the backend
-launches it (two tiles a seat from staging), without ``tile_keep``, with it all zeros, and
-with every open tile lost; ``--also-overlay OLD/kvarn.py`` times another version of the
-overlay beside this tree's in the same run (the question: what the lost-tile restore costs
-the steps that lose nothing).
+launches it (two tiles a seat from staging, the second a one-row null tile), without
+``tile_keep``, with it all zeros, with every open tile lost, and with zeros and the null
+tiles as 0-row placeholders; ``--also-overlay OLD/kvarn.py`` times another version of the
+overlay beside this tree's in the same run (the questions: what the lost-tile restore costs
+the steps that lose nothing, and what skipping the null tiles saves).
 """
 
 from __future__ import annotations
@@ -352,21 +353,30 @@ def store_cell(kv: ModuleType, name: str, seats: int, gen: torch.Generator,
     kv.store_tiles(stage_k, stage_v, cache, src, length, slot)  # the tiles hold rows
     none = torch.zeros_like(length)
     lost = torch.stack([open_len - 1, torch.zeros_like(open_len)], 1).reshape(-1).int()
+    # The null tiles as 0-row placeholders, which a store that skips them does not work on
+    # (a store that does not: as much work as one row).
+    placeholders = length.clone()
+    placeholders[1::2] = 0
     row: dict[str, Any] = {"overlay": name, "seats": seats, "tiles": int(src.numel())}
-    for label, keep in (("no_keep", None), ("keep_zero", none), ("all_lost", lost)):
+    for label, lens, keep in (("no_keep", length, None), ("keep_zero", length, none),
+                              ("all_lost", length, lost),
+                              ("keep_zero_null_skipped", placeholders, none)):
         row[f"{label}_us"] = timed(
-            lambda keep=keep: kv.store_tiles(stage_k, stage_v, cache, src, length, slot, keep),
+            lambda lens=lens, keep=keep: kv.store_tiles(stage_k, stage_v, cache, src, lens,
+                                                        slot, keep),
             reps)
     print(json.dumps(row), flush=True)
     return row
 
 
 def print_store(rows: list[dict[str, Any]]) -> None:
-    print("| overlay | seats | tiles | no tile_keep µs | tile_keep zeros µs | every tile lost µs |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| overlay | seats | tiles | no tile_keep µs | tile_keep zeros µs | every tile lost µs "
+          "| zeros, null tiles of 0 rows µs |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['overlay']} | {r['seats']} | {r['tiles']} | {r['no_keep_us']:.1f} | "
-              f"{r['keep_zero_us']:.1f} | {r['all_lost_us']:.1f} |")
+              f"{r['keep_zero_us']:.1f} | {r['all_lost_us']:.1f} | "
+              f"{r['keep_zero_null_skipped_us']:.1f} |")
 
 
 # The segment count the KVARN backend launches for decode and verify (kvarn_attn.py's

@@ -68,6 +68,8 @@ LOG_PATTERNS = {
     "dflash2": r"DFlash2|dflash2|DFLASH2",
     "lookup": r"lookup drafting|VLLM_DFLASH2_LOOKUP",
     "kvarn": r"KVARN|KVarN|kvarn",
+    # The backend's warning that tiles lost their staging rows (kvarn_attn.py _report_lost).
+    "kvarn_lost": r"KVARN: \d+ open tile\(s\) lost",
     "jit_after_warmup": r"Triton kernel JIT compilation during inference",
     "errors": r"Traceback|Error|error:|RuntimeError|ImportError|ModuleNotFound",
 }

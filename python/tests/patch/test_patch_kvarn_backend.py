@@ -11,6 +11,7 @@ backend that accepts it. The pristine tree does not know the dtype at all.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.gpu.exercise_server import LOG_PATTERNS
 from tests.support import kvarn_ref as ref
 from tests.support import patchtrees
 from tests.support.patchprobe import Tree
@@ -117,6 +119,11 @@ def test_a_continued_tile_whose_rows_were_lost_is_counted_and_rebuilt(
     assert "ok" in run, run
     starved = run["ok"]
     assert starved["entries"] == 2 and starved["lost_after_step"] == [0, 0, 0, 1]
+    # Logged once, by the builder itself: nothing reads the device counter for a server life.
+    assert len(starved["warnings"]) == 1, starved["warnings"]
+    assert "1 open tile(s) lost their staging rows (1 since start)" in starved["warnings"][0]
+    # ... in the words the GPU lives' log scan looks for.
+    assert re.search(LOG_PATTERNS["kvarn_lost"], starved["warnings"][0])
     p_rows = torch.tensor(starved["p_rows"])
     q_rows = torch.tensor(starved["q_rows"])
     tile = torch.tensor(starved["p_tile"], dtype=torch.uint8)[None, None]

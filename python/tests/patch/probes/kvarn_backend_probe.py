@@ -194,13 +194,26 @@ def starved_section(device_name: str = "cpu") -> dict[str, Any]:
     entries, p's the least recently claimed), then continues its tile. Its exact rows are
     gone: the builder counts the tile lost and the store rebuilds its earlier rows from the
     cache (kvarn_attn.py's documented limit). Reports p's rows and its tile's dequantized
-    rows after the last step, and what the staging entry held before it (q's rows)."""
+    rows after the last step, what the staging entry held before it (q's rows), and the
+    builder's warnings (checked every build: LOST_REPORT_S 0)."""
+    import logging
+
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.v1.attention.backends import kvarn_attn
     from vllm.v1.attention.backends.kvarn_attn import KVarNAttentionBackend
     from vllm.v1.attention.ops import kvarn
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
 
+    warnings: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+
+    kvarn_attn.logger.addHandler(Keep())
+    kvarn_attn.LOST_REPORT_S = 0.0
     config = VllmConfig()
     config.scheduler_config.max_num_seqs = 1
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
@@ -228,8 +241,11 @@ def starved_section(device_name: str = "cpu") -> dict[str, Any]:
         impl.forward(None, q.to(device_name), k.reshape(n, -1).to(device_name),  # type: ignore[arg-type]
                      v.reshape(n, -1).to(device_name), cache, md, out)
         lost.append(int(builder.lost_tiles))
+    if device_name == "cuda":  # the last check's copy has landed: the next one reads it
+        torch.cuda.synchronize()
+        builder._report_lost()
     # [2 (k, v), rows, heads, D]: p's 102 rows and q's first 128 (what p's entry held).
-    return {"entries": builder.entries, "lost_after_step": lost,
+    return {"entries": builder.entries, "lost_after_step": lost, "warnings": warnings,
             "p_rows": torch.cat(rows["p"], 1).float().tolist(),
             "q_rows": rows["q"][0][:, :kvarn.TILE_TOKENS].float().tolist(),
             "p_tile": cache[1, 0].cpu().tolist()}

@@ -45,6 +45,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -52,6 +53,7 @@ import torch
 
 from vllm.config import get_current_vllm_config
 from vllm.config.cache import CacheDType
+from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -66,6 +68,8 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.ops import kvarn
 from vllm.v1.kv_cache_interface import AttentionSpec
 
+logger = init_logger(__name__)
+
 TILE = kvarn.TILE_TOKENS
 # Staging entries per max_num_seqs: the two tiles a step touches per request
 # (the second only while a verify step that crossed a tile may roll back).
@@ -76,6 +80,9 @@ STAGE_ENTRIES_PER_SEQ = 2
 SPLIT_QUERY_MAX = 16
 SPLIT_SEGMENTS = 32
 _NEVER_STAMP = torch.iinfo(torch.int64).max
+# Seconds between the builder's reads of lost_tiles: a copy to host memory made
+# at one check is read at the next, so no step waits for the GPU.
+LOST_REPORT_S = 30.0
 
 
 def stage_entries(max_num_seqs: int) -> int:
@@ -170,7 +177,7 @@ class KVarNMetadata(AttentionMetadata):
     # quantized straight from the chunk go to the scratch entry.
     stage_dst: torch.Tensor  # int64
     # Two tiles a request re-quantized from staging (store_tiles arguments);
-    # a request without a second tile writes one row into the null block.
+    # a request without a second tile has a 0-row placeholder, skipped.
     staged_src: torch.Tensor  # int32
     staged_len: torch.Tensor  # int32
     staged_slot: torch.Tensor  # int64
@@ -206,8 +213,14 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         self._step = 0
         # Continued tiles whose exact rows were gone (an entry reused while its
         # request was unscheduled): their earlier rows restored from the cache.
-        # Read it (a device sync) where a log can afford it; it should stay 0.
+        # It should stay 0; _report_lost warns when it grows.
         self.lost_tiles = torch.zeros((), dtype=torch.int64, device=device)
+        self._lost_seen = 0
+        self._lost_next = time.monotonic() + LOST_REPORT_S
+        self._lost_event: Any = None
+        if device.type == "cuda":
+            self._lost_host = torch.zeros((), dtype=torch.int64, pin_memory=True)
+            self._lost_event = cast(Any, torch.cuda).Event()  # untyped in torch
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> KVarNMetadata:
@@ -242,6 +255,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         kept = pre - tile_a * TILE
         lost = live & (kept > 0) & (~found.view(reqs, 2)[:, 0] | (self._rows[entry_a] < kept))
         self.lost_tiles += lost.sum()
+        self._report_lost()
 
         # New tokens of tile a or b go to their entry's row; others to scratch.
         # (searchsorted, not repeat_interleave: a token past the last query,
@@ -259,14 +273,15 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
                         self.entries * TILE))
 
         # Re-quantize tiles a and b from staging: their rows so far, this
-        # step's included. A missing second tile writes the null block.
+        # step's included. A missing tile is a placeholder of 0 rows in the
+        # null block, which the store skips (half a decode step's programs).
         len_a = torch.minimum(end, (tile_a + 1) * TILE) - tile_a * TILE
         len_b = end - tile_b * TILE
         null = torch.zeros_like(key_a)
         staged_src = torch.stack([torch.where(live, entry_a, self.entries),
                                   torch.where(live & two, entry_b, self.entries)], 1) * TILE
-        staged_len = torch.stack([torch.where(live, len_a, 1),
-                                  torch.where(live & two, len_b, 1)], 1)
+        staged_len = torch.stack([torch.where(live, len_a, 0),
+                                  torch.where(live & two, len_b, 0)], 1)
         staged_slot = torch.stack([torch.where(live, key_a, null),
                                    torch.where(live & two, key_b, null)], 1)
         # A lost tile a is rebuilt from the cache's rows before its new ones.
@@ -289,7 +304,7 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
             ok = d_tile < tile_b[d_req]
             d_src = qsl[d_req] + d_tile * TILE - pre[d_req]
             direct_src = torch.where(ok, d_src, 0)
-            direct_len = torch.where(ok, TILE, 1)
+            direct_len = torch.where(ok, TILE, 0)
             direct_slot = torch.where(ok, slot(d_tile, d_req), 0)
         else:
             direct_src = direct_len = direct_slot = torch.zeros(
@@ -311,6 +326,30 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
             direct_len=direct_len.int(),
             direct_slot=direct_slot.long(),
         )
+
+    def _report_lost(self) -> None:
+        """A warning when lost_tiles grew, checked at most every LOST_REPORT_S
+        (on CUDA from the copy the previous check made)."""
+        now = time.monotonic()
+        # Never while a CUDA graph is captured: an event query there is an error.
+        if now < self._lost_next or (self._lost_event is not None
+                                     and torch.cuda.is_current_stream_capturing()):
+            return
+        self._lost_next = now + LOST_REPORT_S
+        if self._lost_event is None:
+            total = int(self.lost_tiles)
+        else:
+            total = int(self._lost_host) if self._lost_event.query() else self._lost_seen
+            self._lost_host.copy_(self.lost_tiles, non_blocking=True)
+            self._lost_event.record()
+        if total > self._lost_seen:
+            logger.warning(
+                "KVARN: %d open tile(s) lost their staging rows (%d since start): a request "
+                "left unscheduled while others opened more tiles than the %d staging entries "
+                "hold. Their earlier rows were rebuilt from the cache, quantized twice "
+                "(python/docs/kvarn.md, the open tile).", total - self._lost_seen, total,
+                self.entries)
+            self._lost_seen = total
 
     def _claim(self, keys: torch.Tensor,
                closed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -439,7 +478,7 @@ class KVarNAttentionImpl(AttentionImpl[KVarNMetadata]):
         self.stage_v.zero_()
         kvarn.store_tiles(self.stage_k, self.stage_v, cache, ints(0), ints(TILE),
                           ints(0, dtype=torch.int64))
-        # forward's staged store (tile_keep given; 64 rows restored so the branch runs too).
+        # forward's staged store: tile_keep given, so the restore kernel compiles too.
         kvarn.store_tiles(self.stage_k, self.stage_v, cache, ints(0), ints(TILE),
                           ints(0, dtype=torch.int64), ints(TILE // 2))
         for queries in (1, SPLIT_QUERY_MAX):

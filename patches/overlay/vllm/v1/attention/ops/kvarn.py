@@ -196,18 +196,32 @@ def _round_half_up(x):
 # ------------------------------------------------------------------- store
 
 
-@triton.jit
-def _restore_rows(
-    key_ptr, value_ptr, cache_u8_ptr, cache_f16_ptr, src, keep, base, base16,
-    stride_kt, stride_kh, stride_vt, stride_vh, head,
+@triton.jit(do_not_specialize=["stride_kt", "stride_kh", "stride_vt", "stride_vh"])
+def _kvarn_restore_kernel(
+    key_ptr, value_ptr, cache_u8_ptr, cache_f16_ptr,
+    tile_src_ptr, tile_slot_ptr,   # as the store kernel's
+    tile_keep_ptr,                 # int32 [tiles]: rows to restore (0: none)
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_slot, stride_head,      # bytes
     D: tl.constexpr, LOG2_D: tl.constexpr, T: tl.constexpr,
     OFF_VC: tl.constexpr, OFF_KS: tl.constexpr, OFF_VS: tl.constexpr,
     OFF_VZ: tl.constexpr, OFF_KM: tl.constexpr, OFF_KC: tl.constexpr,
     OFF_VCS: tl.constexpr,
 ):
-    """Rows 0 .. keep - 1 of the tile at base, dequantized and rotated back, written over
-    source rows src .. src + keep - 1: the store then re-quantizes the tile from what the
-    cache held for those rows (their exact values are gone) plus the new ones."""
+    """Rows 0 .. keep - 1 of a tile, dequantized and rotated back, written over source rows
+    src .. src + keep - 1: the store launched next re-quantizes the tile from what the cache
+    held for those rows (their exact values are gone) plus the new ones. A kernel of its
+    own, not a branch of the store: the store runs every step and is register-bound, a
+    restore almost never runs, and a tile with keep 0 costs this kernel one load."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    keep = tl.load(tile_keep_ptr + tile)
+    if keep == 0:
+        return
+    src = tl.load(tile_src_ptr + tile).to(tl.int64)
+    slot = tl.load(tile_slot_ptr + tile).to(tl.int64)
+    base = slot * stride_slot + head * stride_head  # bytes; even
+    base16 = base // 2
     rows = tl.arange(0, T)
     cols = tl.arange(0, D)
     half = tl.arange(0, D // 2)
@@ -245,33 +259,24 @@ def _kvarn_store_kernel(
     key_ptr, value_ptr,            # [tokens, kv_heads, D], any float dtype
     cache_u8_ptr, cache_f16_ptr,   # the same storage as uint8 and as fp16
     tile_src_ptr,                  # int32 [tiles]: first source row
-    tile_len_ptr,                  # int32 [tiles]: valid rows, 1..128
+    tile_len_ptr,                  # int32 [tiles]: valid rows, 1..128; 0: skip
     tile_slot_ptr,                 # int64 [tiles]: block * tiles_per_block + tile
-    tile_keep_ptr,                 # int32 [tiles]: rows restored from the cache first
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_slot, stride_head,      # bytes
     D: tl.constexpr, LOG2_D: tl.constexpr, T: tl.constexpr, ITERS: tl.constexpr,
     OFF_VC: tl.constexpr, OFF_KS: tl.constexpr, OFF_VS: tl.constexpr,
     OFF_VZ: tl.constexpr, OFF_KM: tl.constexpr, OFF_KC: tl.constexpr,
-    OFF_VCS: tl.constexpr, HAS_KEEP: tl.constexpr,
+    OFF_VCS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
     src = tl.load(tile_src_ptr + tile).to(tl.int64)
     n = tl.load(tile_len_ptr + tile)
+    if n == 0:  # a placeholder (a request whose step opens no second tile)
+        return
     slot = tl.load(tile_slot_ptr + tile).to(tl.int64)
     base = slot * stride_slot + head * stride_head  # bytes; even
     base16 = base // 2
-
-    if HAS_KEEP:
-        keep = tl.load(tile_keep_ptr + tile)
-        if keep > 0:
-            _restore_rows(key_ptr, value_ptr, cache_u8_ptr, cache_f16_ptr, src, keep, base,
-                          base16, stride_kt, stride_kh, stride_vt, stride_vh, head,
-                          D, LOG2_D, T, OFF_VC, OFF_KS, OFF_VS, OFF_VZ, OFF_KM, OFF_KC,
-                          OFF_VCS)
-            # The rows just written are read back below by other threads.
-            tl.debug_barrier()
 
     rows = tl.arange(0, T)
     cols = tl.arange(0, D)
@@ -353,8 +358,9 @@ def store_tiles(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor,
     """Quantize whole or partial tiles into ``cache``.
 
     key, value: [tokens, num_kv_heads, head_size]; tile i is rows
-    tile_src[i] .. tile_src[i] + tile_len[i] - 1 (1 <= tile_len <= 128), and
-    lands in tile slot tile_slot[i] = block * tiles_per_block + tile index.
+    tile_src[i] .. tile_src[i] + tile_len[i] - 1 (1 <= tile_len <= 128; 0:
+    none, the tile is skipped), and lands in tile slot tile_slot[i] =
+    block * tiles_per_block + tile index.
     A partial tile's statistics come from its valid rows only; rewriting a
     tile as it fills (from its full-precision rows) is the caller's job.
 
@@ -370,13 +376,16 @@ def store_tiles(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor,
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("kvarn: key/value rows must be contiguous in head_size")
     grid = (num_tiles, kv_heads)
+    strides = (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+               cache.stride(1), cache.stride(2))
+    if tile_keep is not None:
+        _kvarn_restore_kernel[grid](
+            key, value, cache, cache.view(torch.float16), tile_src, tile_slot, tile_keep,
+            *strides, num_warps=8, **_layout_constexprs(head_size))
     _kvarn_store_kernel[grid](
         key, value, cache, cache.view(torch.float16),
-        tile_src, tile_len, tile_slot, tile_src if tile_keep is None else tile_keep,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        cache.stride(1), cache.stride(2),
-        ITERS=NORMALIZE_ITERS, HAS_KEEP=tile_keep is not None, num_warps=8,
-        **_layout_constexprs(head_size),
+        tile_src, tile_len, tile_slot, *strides,
+        ITERS=NORMALIZE_ITERS, num_warps=8, **_layout_constexprs(head_size),
     )
 
 
