@@ -365,18 +365,22 @@ def store_cell(kv: ModuleType, name: str, seats: int, gen: torch.Generator,
             lambda lens=lens, keep=keep: kv.store_tiles(stage_k, stage_v, cache, src, lens,
                                                         slot, keep),
             reps)
+    # Whether this overlay's store left the null block alone when its tiles had 0 rows.
+    cache[0] = 0xFF
+    kv.store_tiles(stage_k, stage_v, cache, src, placeholders, slot, none)
+    row["null_block_untouched"] = bool((cache[0] == 0xFF).all())
     print(json.dumps(row), flush=True)
     return row
 
 
 def print_store(rows: list[dict[str, Any]]) -> None:
     print("| overlay | seats | tiles | no tile_keep µs | tile_keep zeros µs | every tile lost µs "
-          "| zeros, null tiles of 0 rows µs |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| zeros, null tiles of 0 rows µs | null block untouched |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(f"| {r['overlay']} | {r['seats']} | {r['tiles']} | {r['no_keep_us']:.1f} | "
               f"{r['keep_zero_us']:.1f} | {r['all_lost_us']:.1f} | "
-              f"{r['keep_zero_null_skipped_us']:.1f} |")
+              f"{r['keep_zero_null_skipped_us']:.1f} | {r['null_block_untouched']} |")
 
 
 # The segment count the KVARN backend launches for decode and verify (kvarn_attn.py's

@@ -469,6 +469,32 @@ def test_the_seats_benchmark_runs_on_the_interpreter(tmp_path: Path) -> None:
         assert r["workspace_bytes"] == 2 * 24 * r["segments"] * (256 + 2) * 4
 
 
+def test_the_store_benchmark_runs_on_the_interpreter(tmp_path: Path) -> None:
+    """kvarn_attn.py --store-seats (a decode step's store, docs/kvarn.md "The store's cost per
+    decode step"): every variant timed for each seat count, and this tree's store leaves the
+    null block alone when the null tiles are 0-row placeholders."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kvarn_attn.py"
+    out = tmp_path / "store.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--store-seats", "1,2", "--json", str(out)],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+        timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["store_rows"]
+    assert [(r["overlay"], r["seats"], r["tiles"]) for r in rows] == [("tree", 1, 2),
+                                                                      ("tree", 2, 4)]
+    for r in rows:
+        assert r["null_block_untouched"] is True, r
+        assert all(r[f"{k}_us"] > 0 for k in ("no_keep", "keep_zero", "all_lost",
+                                              "keep_zero_null_skipped")), r
+
+
 def test_the_mixed_seats_benchmark_gives_seat_zero_the_long_context(tmp_path: Path) -> None:
     """kvarn_attn.py --seats --seat-long (one long request among short ones): the short seats
     still answer alike, seat 0 answers otherwise (it read twice the tokens), and each segment
