@@ -331,9 +331,10 @@ def store_cell(kv: ModuleType, name: str, seats: int, gen: torch.Generator,
                reps: int) -> dict[str, Any]:
     """One decode step's re-quantizing store as the KVARN backend launches it per layer:
     two tiles a seat from the staging rows (the open tile, 1..128 rows, and the null
-    second tile of one row), timed three ways: without ``tile_keep``; with it all zeros
-    (no tile lost: the common step); and with every open tile lost (all but its last row
-    restored from the cache first: the worst step)."""
+    second tile of one row), timed four ways: without ``tile_keep``; with it all zeros
+    (no tile lost: the common step); with every open tile lost (all but its last row
+    restored from the cache first: the worst step); and with zeros and the null tiles as
+    0-row placeholders (the step the backend launches since session 11)."""
     dev = DEVICE
     rows_total = 2 * seats * TILE + TILE  # two staging entries a seat, and scratch
     stage_k = keys_like(rows_total, gen).to(dev, torch.bfloat16)

@@ -215,15 +215,13 @@ def test_a_tile_of_zero_rows_is_skipped(kvarn: ModuleType) -> None:
     would write NaN statistics over it)."""
     batch = _store(kvarn, [37], [1])
     block = int(batch.block_table[0, 0])
-    before = batch.cache.clone()
     rows_k = batch.keys[0].to(torch.bfloat16)
     rows_v = batch.values[0].to(torch.bfloat16)
     kvarn.store_tiles(rows_k, rows_v, batch.cache, torch.tensor([0, 0], dtype=torch.int32),
                       torch.tensor([37, 0], dtype=torch.int32),
                       torch.tensor([block * 2, block * 2 + 1]),
                       torch.zeros(2, dtype=torch.int32))
-    assert torch.equal(batch.cache[block, 1], before[block, 1])
-    assert (batch.cache[block, 1] == 0xFF).all()
+    assert (batch.cache[block, 1] == 0xFF).all()  # as the cache was allocated
 
 
 def test_a_tile_whose_rows_were_lost_is_rebuilt_from_the_cache(kvarn: ModuleType) -> None:
