@@ -150,6 +150,15 @@ def test_the_entry_of_a_closed_tile_is_reused_first(patched_cpu_tree: Path) -> N
     assert freed == {"ok": {"entries": 4, "lost_after_step": [0] * 6}}, freed
 
 
+def test_a_drafters_guessed_passes_free_no_open_tile(patched_cpu_tree: Path) -> None:
+    """An MTP drafter's later passes sit at guessed positions: one past a tile boundary
+    must not free the tile the next step continues (the CTX=huge SPEC=mtp life at the 27B's
+    widths logged two such losses on series 64e96239, which freed it)."""
+    drafter = Tree(kind="patched", path=patched_cpu_tree).probe(PROBE)["drafter"]
+    assert drafter == {"ok": {"entries": 4, "first_positions": [0, *range(250, 259)],
+                              "lost_after_step": [0] * 10}}, drafter
+
+
 def _exact_streams(record: dict[str, Any]) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """Each step's exact K/V per request after it: a step overwrites its positions and cuts
     what lay past them (a rolled-back verify)."""

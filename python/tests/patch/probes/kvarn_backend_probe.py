@@ -13,6 +13,9 @@ Sections (each reports the exception text where the tree refuses):
   and (``starved``) a lost open tile rebuilt from the cache on the same device.
 - ``freed``: the builder alone; a closed tile's entry is reused before an unscheduled
   request's.
+- ``drafter``: the builder alone, called as vLLM 0.28.0's MTP proposer calls a drafter's
+  (``build_for_drafting``: three passes a step, the later two at guessed positions) while a
+  decode crosses a tile boundary.
 """
 
 from __future__ import annotations
@@ -275,9 +278,40 @@ def freed_section() -> dict[str, Any]:
     return {"entries": builder.entries, "lost_after_step": lost}
 
 
+def drafter_section() -> dict[str, Any]:
+    """The builder alone at max_num_seqs 2 (4 entries), driven as vLLM 0.28.0's MTP proposer
+    (three draft tokens, padded drafter batch) drives a drafter's: a step's first pass
+    (``draft_index`` 0) covers the verified positions from the accepted length on, its later
+    two passes one guessed position each (seq_lens cut to the accepted length, then + 1 a
+    pass). "d" prefills 250 tokens, then decodes with no draft accepted (the random heads of
+    the GPU lives), so each step advances one position; at 254 the last pass sits at 256, in
+    the next tile, while the next step continues tile 1 at 255."""
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.kvarn_attn import KVarNMetadataBuilder
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
+
+    config = VllmConfig()
+    config.scheduler_config.max_num_seqs = 2
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
+                             dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
+    builder = KVarNMetadataBuilder(spec, ["mtp.layers.0.attn"], config, torch.device("cpu"))
+    blocks = {"d": [1, 2]}
+    passes = [[(0, 250), (250, 1), (251, 1)]]
+    passes += [[(p, 4), (p + 1, 1), (p + 2, 1)] for p in range(250, 259)]
+    lost = []
+    for step in passes:
+        for index, batch in enumerate(step):
+            builder.build_for_drafting(common_metadata({"d": batch}, blocks), index)
+        lost.append(int(builder.lost_tiles))
+    return {"entries": builder.entries, "first_positions": [s[0][0] for s in passes],
+            "lost_after_step": lost}
+
+
 def main() -> None:
     result: dict[str, Any] = {"selector": selector_section(),
-                              "freed": attempt(freed_section)}
+                              "freed": attempt(freed_section),
+                              "drafter": attempt(drafter_section)}
     if len(sys.argv) > 1:
         device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
         result["stream"] = attempt(lambda: stream_section(sys.argv[1], device))

@@ -24,7 +24,10 @@
 # (continued) and the tile holding its last (opened). A verify step can cross
 # a tile boundary and then be rolled back, so the first tile keeps its entry
 # while the request's first new position is still in it; the tile before it is
-# closed for good, so its entry is freed. Freed entries are reused first, then
+# closed for good, so its entry is freed (only on a step whose first new
+# position is settled: a drafter's later passes sit at guessed positions, and
+# one past a tile boundary would free the request's open tile, as the MTP life
+# at the 27B's widths showed). Freed entries are reused first, then
 # the least recently claimed, so an entry survives a request that goes
 # unscheduled for a few steps. One that did not is no longer garbage: the
 # store restores the tile's earlier rows from what the cache holds for them
@@ -81,8 +84,9 @@ SPLIT_QUERY_MAX = 16
 SPLIT_SEGMENTS = 32
 _NEVER_STAMP = torch.iinfo(torch.int64).max
 # Seconds between the builder's reads of lost_tiles: a copy to host memory made
-# at one check is read at the next, so no step waits for the GPU.
-LOST_REPORT_S = 30.0
+# at one check is read at the next, so no step waits for the GPU. Short, so that
+# a loss near a server's end is still logged (a copy and an event a check).
+LOST_REPORT_S = 5.0
 
 
 def stage_entries(max_num_seqs: int) -> int:
@@ -204,6 +208,8 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         self.tiles_per_block = kv_cache_spec.block_size // TILE
         entries = stage_entries(vllm_config.scheduler_config.max_num_seqs)
         self.entries = entries
+        # Named in the lost-tile warning: the target's group or a drafter's.
+        self._layers = ", ".join(layer_names[:2]) + (", ..." if len(layer_names) > 2 else "")
         # Entry `entries` is the scratch entry: never keyed, never handed out.
         self._keys = torch.full((entries + 1,), -1, dtype=torch.int64, device=device)
         self._stamp = torch.zeros(entries + 1, dtype=torch.int64, device=device)
@@ -224,7 +230,15 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> KVarNMetadata:
-        cam = common_attn_metadata
+        return self._build(common_attn_metadata, settled=True)
+
+    def build_for_drafting(self, common_attn_metadata: CommonAttentionMetadata,
+                           draft_index: int) -> KVarNMetadata:
+        # A drafter's first pass starts at the accepted length; each later pass
+        # one guessed token further, which the next step may roll back.
+        return self._build(common_attn_metadata, settled=draft_index == 0)
+
+    def _build(self, cam: CommonAttentionMetadata, settled: bool) -> KVarNMetadata:
         reqs = cam.num_reqs
         tokens = cam.num_actual_tokens
         qsl = cam.query_start_loc[:reqs + 1].long()
@@ -245,8 +259,11 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
         two = tile_b != tile_a
         key_a = torch.where(live, slot(tile_a), -1)
         key_b = torch.where(live & two, slot(tile_b), -1)
-        # The tile before a: every row of it is accepted, so nothing stages it again.
-        closed = torch.where(live & (tile_a > 0), slot((tile_a - 1).clamp(min=0)), -1)
+        # The tile before a: every row of it is accepted, so nothing stages it
+        # again; but only when a's first position is: past a guessed one, the
+        # tile before may be the open tile the next step continues.
+        closed = torch.where(live & (tile_a > 0) & settled,
+                             slot((tile_a - 1).clamp(min=0)), -1)
         entry, found = self._claim(torch.stack([key_a, key_b], 1).reshape(-1), closed)
         entry = entry.view(reqs, 2)
         entry_a = entry[:, 0]
@@ -344,11 +361,11 @@ class KVarNMetadataBuilder(AttentionMetadataBuilder[KVarNMetadata]):
             self._lost_event.record()
         if total > self._lost_seen:
             logger.warning(
-                "KVARN: %d open tile(s) lost their staging rows (%d since start): a request "
-                "left unscheduled while others opened more tiles than the %d staging entries "
-                "hold. Their earlier rows were rebuilt from the cache, quantized twice "
-                "(python/docs/kvarn.md, the open tile).", total - self._lost_seen, total,
-                self.entries)
+                "KVARN: %d open tile(s) lost their staging rows (%d since start) in the "
+                "builder of %s: a tile's entry (%d in all) was taken before its request "
+                "continued it, so its earlier rows were rebuilt from the cache, quantized "
+                "twice (python/docs/kvarn.md, the open tile).", total - self._lost_seen, total,
+                self._layers, self.entries)
             self._lost_seen = total
 
     def _claim(self, keys: torch.Tensor,
