@@ -404,16 +404,34 @@ def long_context(rec: Attempt, base: str, key: str) -> None:
         rec.set("long_context", out)
 
 
+# The KVARN builder reads its lost-tile counter back at most every LOST_REPORT_S (5 s), from
+# a copy the check before made: a life's last losses reach the log only after two more
+# checks, each one a build more than 5 s after the one before.
+LOST_FLUSH_WAIT_S = 6.0
+
+
+def lost_tile_flush(rec: Attempt, base: str, key: str) -> None:
+    """Two short requests, each after LOST_FLUSH_WAIT_S of quiet, so that the log holds
+    every tile the life lost before the stop signal (test_serve_kvarn.py reads it)."""
+    status = []
+    for _ in range(2):
+        time.sleep(LOST_FLUSH_WAIT_S)
+        status.append(greedy(base, key, "the ledger balances.", 2)["status"])
+    rec.set("lost_flush", {"status": status, "wait_s": LOST_FLUSH_WAIT_S})
+
+
 def kvarn_huge_steps(rec: Attempt, base: str, key: str, spec: str) -> None:
     """The CTX=huge KVarN life: kvarn_steps, then the long-context step."""
     kvarn_steps(rec, base, key, spec)
     long_context(rec, base, key)
+    lost_tile_flush(rec, base, key)
 
 
 def kvarn_batch_steps(rec: Attempt, base: str, key: str, spec: str) -> None:
     """The batch KVarN life: kvarn_steps, then the seat burst."""
     kvarn_steps(rec, base, key, spec)
     seat_burst(rec, base, key)
+    lost_tile_flush(rec, base, key)
 
 
 SPEC_COUNTERS = {

@@ -101,6 +101,8 @@ def test_the_kvarn_life_served_on_the_kvarn_backend(life: dict[str, Any]) -> Non
     # The builder checks its lost-tile counter every 5 s and warns when it grew: no life lost
     # a staging entry (to a request unscheduled too long, or, on series 64e96239, to an MTP
     # drafter's guessed pass past a tile boundary freeing the tile its request continued).
+    # The life's last two requests, each after a pause, bring its last losses into the log.
+    assert (life.get("lost_flush") or {}).get("status") == [200, 200], life.get("lost_flush")
     assert life["log"]["kvarn_lost"] == [], life["log"]["kvarn_lost"]
 
 
