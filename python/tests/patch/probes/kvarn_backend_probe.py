@@ -254,21 +254,26 @@ def starved_section(device_name: str = "cpu") -> dict[str, Any]:
             "p_tile": cache[1, 0].cpu().tolist()}
 
 
-def freed_section() -> dict[str, Any]:
-    """The builder alone at max_num_seqs 2 (4 entries): "p" keeps a tile open and is left
-    unscheduled while "r"'s prompt, in 100-token chunks, opens four tiles. Each chunk closes
-    the tile before it for good, and its entry is freed and reused first; least recently
-    claimed alone would hand r p's entry at the fourth tile."""
+def lone_builder(max_num_seqs: int, layer: str) -> Any:
+    """The KVARN metadata builder alone on the CPU, for ``max_num_seqs`` seats."""
     import torch
     from vllm.config import VllmConfig
     from vllm.v1.attention.backends.kvarn_attn import KVarNMetadataBuilder
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
 
     config = VllmConfig()
-    config.scheduler_config.max_num_seqs = 2
+    config.scheduler_config.max_num_seqs = max_num_seqs
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
                              dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
-    builder = KVarNMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
+    return KVarNMetadataBuilder(spec, [layer], config, torch.device("cpu"))
+
+
+def freed_section() -> dict[str, Any]:
+    """The builder alone at max_num_seqs 2 (4 entries): "p" keeps a tile open and is left
+    unscheduled while "r"'s prompt, in 100-token chunks, opens four tiles. Each chunk closes
+    the tile before it for good, and its entry is freed and reused first; least recently
+    claimed alone would hand r p's entry at the fourth tile."""
+    builder = lone_builder(2, "layer.0")
     blocks = {"p": [1], "r": [2, 3]}
     lost = []
     for batch in ({"p": (0, 100)}, {"r": (0, 100)}, {"r": (100, 100)}, {"r": (200, 100)},
@@ -286,16 +291,7 @@ def drafter_section() -> dict[str, Any]:
     pass). "d" prefills 250 tokens, then decodes with no draft accepted (the random heads of
     the GPU lives), so each step advances one position; at 254 the last pass sits at 256, in
     the next tile, while the next step continues tile 1 at 255."""
-    import torch
-    from vllm.config import VllmConfig
-    from vllm.v1.attention.backends.kvarn_attn import KVarNMetadataBuilder
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode
-
-    config = VllmConfig()
-    config.scheduler_config.max_num_seqs = 2
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
-                             dtype=torch.uint8, kv_quant_mode=KVQuantMode["KVARN_K4V2_G128"])
-    builder = KVarNMetadataBuilder(spec, ["mtp.layers.0.attn"], config, torch.device("cpu"))
+    builder = lone_builder(2, "mtp.layers.0.attn")
     blocks = {"d": [1, 2]}
     passes = [[(0, 250), (250, 1), (251, 1)]]
     passes += [[(p, 4), (p + 1, 1), (p + 2, 1)] for p in range(250, 259)]
