@@ -159,6 +159,19 @@ def test_a_drafters_guessed_passes_free_no_open_tile(patched_cpu_tree: Path) -> 
                               "lost_after_step": [0] * 10}}, drafter
 
 
+def test_a_drafters_third_tile_takes_no_tile_the_next_step_continues(
+        patched_cpu_tree: Path) -> None:
+    """Three busy seats under an MTP drafter: where pass 0 ends on a tile boundary, the
+    later passes claim a third tile a seat and can take an entry pass 0 claimed. The tile the
+    next step continues holds the accepted length, which pass 1 claims, so two entries a seat
+    lose nothing; one a seat loses tiles on the same schedules (they fill the table)."""
+    seats = Tree(kind="patched", path=patched_cpu_tree).probe(PROBE)["drafter_seats"]["ok"]
+    assert seats["entries_a_seat"] == 2
+    assert seats["lost"] == [0] * 6, seats
+    assert sum(seats["third_claims"]) > 0 and sum(seats["taken_in_step"]) > 0, seats
+    assert sum(seats["lost_at_one_a_seat"]) > 0, seats
+
+
 def _exact_streams(record: dict[str, Any]) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """Each step's exact K/V per request after it: a step overwrites its positions and cuts
     what lay past them (a rolled-back verify)."""

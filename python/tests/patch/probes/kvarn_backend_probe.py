@@ -16,6 +16,8 @@ Sections (each reports the exception text where the tree refuses):
 - ``drafter``: the builder alone, called as vLLM 0.28.0's MTP proposer calls a drafter's
   (``build_for_drafting``: three passes a step, the later two at guessed positions) while a
   decode crosses a tile boundary.
+- ``drafter_seats``: the same at three busy seats over seeded schedules, where pass 0 ends on
+  a tile boundary and the later passes claim a third tile.
 """
 
 from __future__ import annotations
@@ -304,10 +306,74 @@ def drafter_section() -> dict[str, Any]:
             "lost_after_step": lost}
 
 
+def drafter_seats_section() -> dict[str, Any]:
+    """The builder alone at CTX=huge's three seats, every seat in every step, driven as the
+    MTP proposer drives a drafter's (pass 0 over the step's positions, two later passes from
+    the accepted length L on): seeded schedules of chunked prompts (chunks of 100 to 256,
+    many ending on a tile boundary) then decodes accepting 0 to 3 drafts. A step whose pass 0
+    spans two tiles and whose L opens the next one claims a third tile for the seat
+    (``third_claims``). The next step continues the tile holding L, which pass 1 claims, so no
+    tile is lost at two entries a seat, even where a later pass takes an entry pass 0 claimed
+    (``taken_in_step``); the same schedules at one entry a seat lose tiles, which shows they
+    fill the table."""
+    import random
+
+    from vllm.v1.attention.backends import kvarn_attn
+
+    tile = kvarn_attn.TILE
+    seats = [f"s{i}" for i in range(3)]
+
+    def drive(seed: int) -> tuple[int, int, int]:
+        builder = lone_builder(len(seats), "mtp.layers.0.attn")
+        rng = random.Random(seed)
+        blocks = {s: list(range(1 + 7 * i, 8 + 7 * i)) for i, s in enumerate(seats)}
+        prompt = {s: rng.choice([200, 256, 300, 384]) for s in seats}
+        start = dict.fromkeys(seats, 0)
+        third = taken = 0
+        for _ in range(80):
+            passes: list[dict[str, tuple[int, int]]] = [{}, {}, {}]
+            for s in seats:
+                first = start[s]
+                if first < prompt[s]:
+                    n = min(prompt[s] - first, rng.choice([100, 128, 156, 228, 256]))
+                    accepted = first + n
+                else:
+                    n, accepted = 4, first + 1 + rng.randint(0, 3)
+                passes[0][s] = (first, n)
+                passes[1][s] = (accepted, 1)
+                passes[2][s] = (accepted + 1, 1)
+                spans = first // tile != (first + n - 1) // tile
+                third += spans and accepted // tile > (first + n - 1) // tile
+                start[s] = accepted
+            order = seats if rng.random() < 0.5 else seats[::-1]
+            for index, batch in enumerate(passes):
+                builder.build_for_drafting(
+                    common_metadata({s: batch[s] for s in order}, blocks), index)
+                if index == 0:
+                    keys = builder._keys.clone()
+                    fresh = builder._stamp == builder._step
+            # Entries pass 0 claimed that a later pass handed to another tile.
+            taken += int((fresh & (keys >= 0) & (builder._keys != keys)).sum())
+        return int(builder.lost_tiles), third, taken
+
+    seeds = range(6)
+    runs = [drive(seed) for seed in seeds]
+    per_seat = kvarn_attn.STAGE_ENTRIES_PER_SEQ
+    kvarn_attn.STAGE_ENTRIES_PER_SEQ = 1
+    try:
+        lost_one = [drive(seed)[0] for seed in seeds]
+    finally:
+        kvarn_attn.STAGE_ENTRIES_PER_SEQ = per_seat
+    return {"entries_a_seat": per_seat, "lost": [run[0] for run in runs],
+            "third_claims": [run[1] for run in runs],
+            "taken_in_step": [run[2] for run in runs], "lost_at_one_a_seat": lost_one}
+
+
 def main() -> None:
     result: dict[str, Any] = {"selector": selector_section(),
                               "freed": attempt(freed_section),
-                              "drafter": attempt(drafter_section)}
+                              "drafter": attempt(drafter_section),
+                              "drafter_seats": attempt(drafter_seats_section)}
     if len(sys.argv) > 1:
         device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
         result["stream"] = attempt(lambda: stream_section(sys.argv[1], device))
