@@ -11,8 +11,8 @@ Writes, under --out (one device call's ``carry``):
   site.tar.xz    the pure-Python and cp312 manylinux dependencies the machine's image lacks,
                  installed with pip --target here (tokenizer data and locales pruned)
   model/         ``qwen3090 demo-model --arch qwen3_5`` output (the MTP head is added there)
-  probe/, serve_on_device.sh, exercise_server.py, mtp_head.py, dflash2_drafter.py,
-  copy_task.py, cycle_head.py, shape27b.py   copied from this directory
+  probe/, serve_on_device.sh, serve_lives.sh, exercise_server.py, mtp_head.py,
+  dflash2_drafter.py, copy_task.py, cycle_head.py, shape27b.py   copied from this directory
 and under --so-out (a separate, earlier call: 57 MB compressed, it does not fit beside the rest
 in the 64 MiB a call carries):
   so-core.tar.xz the compiled core the CUDA platform imports (``_C_stable_libtorch``, built on
@@ -174,7 +174,7 @@ def main() -> int:
     shutil.rmtree(model, ignore_errors=True)
     subprocess.run([ARGS.python, "-m", "qwen3090", "demo-model", str(model), "--arch",
                     "qwen3_5"], check=True, env={**os.environ, "PYTHONPATH": str(PYDIR)})
-    for name in ("serve_on_device.sh", "exercise_server.py", "mtp_head.py",
+    for name in ("serve_on_device.sh", "serve_lives.sh", "exercise_server.py", "mtp_head.py",
                  "dflash2_drafter.py", "copy_task.py", "cycle_head.py", "shape27b.py"):
         shutil.copy2(HERE / name, out / name)
     (out / "probe").mkdir(exist_ok=True)
