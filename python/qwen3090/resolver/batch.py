@@ -5,7 +5,13 @@ from __future__ import annotations
 from qwen3090 import profiles as P
 from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
 from qwen3090.resolver.capgate import CapabilityGate
-from qwen3090.resolver.common import cache_row, int8, kv_mem_warnings, kvarn_staging_warning
+from qwen3090.resolver.common import (
+    cache_row,
+    int8,
+    kv_mem_warnings,
+    kvarn_cudagraph_check,
+    kvarn_staging_warning,
+)
 from qwen3090.resolver.int8_layers import check_int8_layers
 from qwen3090.settings import Settings
 
@@ -27,6 +33,7 @@ def batch(settings: Settings, facts: PlatformFacts, b: PlanBuilder, gate: Capabi
     # KV has a default (fp8) that needs no patch, so a patched row is always the user's choice.
     cache_row(row.cache, b, gate, knob="KV", explicit=True, setting=kv)
     kvarn_staging_warning(b)
+    kvarn_cudagraph_check(s, b)
     b.warnings += no_effect(s, SINGLE_USER_KNOBS, "the batch profile runs no speculator")
     kv_mem_warnings(s, facts, b, P.KV_MEM_DEFAULT)
     int8(s, b, gate, default_on=True)

@@ -200,3 +200,31 @@ def kvarn_staging_warning(b: PlanBuilder) -> None:
             f"{workspace / (1 << 30):.2f} GiB of split-pass workspace; lower MAX_SEQS to give "
             "the pool that memory back"
         )
+
+
+# vLLM 0.28.0 with an attention backend that captures no full graph (the KVARN builder's
+# support is NEVER): a mode whose mixed batches are FULL raises at start-up once the weights
+# are loaded; the modes that capture only decode graphs FULL are lowered to PIECEWISE with a
+# warning (vllm/config/compilation.py, the cudagraph-mode resolution).
+_FULL_DECODE_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+def kvarn_cudagraph_check(settings: Settings, b: PlanBuilder) -> None:
+    """The KVarN cache serves under PIECEWISE graphs only: refuse FULL before the engine
+    loads the model only to refuse it, and say that a full-decode mode becomes PIECEWISE."""
+    if b.kv_cache_dtype != "kvarn_k4v2_g128" or b.cudagraph_mode is None:
+        return
+    mode = b.cudagraph_mode
+    if mode == "FULL":
+        raise Qwen3090Error(
+            f"CUDAGRAPH_MODE=FULL (from {settings.source('CUDAGRAPH_MODE')}) with the KVarN "
+            "cache: the KVARN attention backend captures no CUDA graph of its own, and vLLM "
+            "0.28.0 refuses FULL for it at start-up, after loading the weights",
+            fix="set CUDAGRAPH_MODE=PIECEWISE (or leave it unset)",
+        )
+    if mode in _FULL_DECODE_MODES:
+        b.warnings.append(
+            f"CUDAGRAPH_MODE={mode} with the KVarN cache: the KVARN attention backend captures "
+            "no CUDA graph of its own, so vLLM 0.28.0 lowers the mode to PIECEWISE (set "
+            "CUDAGRAPH_MODE=PIECEWISE to say so)"
+        )

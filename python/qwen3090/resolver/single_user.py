@@ -8,7 +8,13 @@ from qwen3090.capabilities import KVARN_DFLASH2_DRAFTER
 from qwen3090.errors import Qwen3090Error
 from qwen3090.resolver.builder import PlanBuilder, PlatformFacts, no_effect
 from qwen3090.resolver.capgate import CapabilityGate
-from qwen3090.resolver.common import cache_row, int8, kv_mem_warnings, kvarn_staging_warning
+from qwen3090.resolver.common import (
+    cache_row,
+    int8,
+    kv_mem_warnings,
+    kvarn_cudagraph_check,
+    kvarn_staging_warning,
+)
 from qwen3090.resolver.cudagraph import cudagraph_rules
 from qwen3090.resolver.dflash2 import dflash2
 from qwen3090.resolver.int8_layers import check_int8_layers
@@ -39,6 +45,7 @@ def single_user(
         _mtp_or_off(s, b, spec, ctx)
     _spec_attn(s, b, gate, cache, ctx)
     cudagraph_rules(s, b, spec, ctx)
+    kvarn_cudagraph_check(s, b)
     kv_mem_warnings(s, facts, b, pinned_default or P.KV_MEM_DEFAULT)
     if s.kv_mem is not None and s.kv_mem != "" and s.gpu_util is not None:
         b.warnings.append(

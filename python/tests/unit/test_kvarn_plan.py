@@ -57,6 +57,36 @@ def test_dflash2_at_ctx_huge_is_refused_before_the_engine_refuses_it(tmp_path: P
     assert "SPEC=mtp" in (err.value.fix or "")
 
 
+@pytest.mark.parametrize(("knobs", "profile"), [({"CTX": "huge"}, "single-user"),
+                                               ({"KV": "kvarn"}, "batch")])
+def test_a_full_cuda_graph_on_the_kvarn_cache_is_refused_before_the_engine(
+        knobs: dict[str, str], profile: str, tmp_path: Path) -> None:
+    """vLLM 0.28.0 refuses cudagraph_mode FULL for a backend with no graph support (the
+    KVARN builder's) only after loading the weights; the plan refuses it first."""
+    with pytest.raises(Qwen3090Error) as err:
+        plan_for({**knobs, "CUDAGRAPH_MODE": "FULL"}, cli={"PROFILE": profile},
+                 caps=series_caps(), cwd=tmp_path)
+    assert err.value.message.startswith("CUDAGRAPH_MODE=FULL ")
+    assert "KVarN" in err.value.message
+    assert "CUDAGRAPH_MODE=PIECEWISE" in (err.value.fix or "")
+
+
+@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_a_full_decode_mode_on_the_kvarn_cache_is_said_to_become_piecewise(
+        mode: str, tmp_path: Path) -> None:
+    plan = plan_for({"KV": "kvarn", "CUDAGRAPH_MODE": mode}, cli={"PROFILE": "batch"},
+                    caps=series_caps(), cwd=tmp_path)
+    assert [w for w in plan.warnings if w.startswith(f"CUDAGRAPH_MODE={mode} with the KVarN")]
+
+
+def test_piecewise_and_other_caches_keep_their_modes_quietly(tmp_path: Path) -> None:
+    huge = plan_for({"CTX": "huge"}, caps=series_caps(), cwd=tmp_path)
+    assert not [w for w in huge.warnings if "with the KVarN cache" in w], huge.warnings
+    fp8 = plan_for({"KV": "fp8", "CUDAGRAPH_MODE": "FULL"}, cli={"PROFILE": "batch"},
+                   caps=series_caps(), cwd=tmp_path)
+    assert not [w for w in fp8.warnings if "with the KVarN cache" in w], fp8.warnings
+
+
 def _constant(text: str, name: str) -> int:
     m = re.search(rf"^{name} = (\d+)$", text, re.M)
     assert m is not None, f"kvarn_attn.py has no {name}"
