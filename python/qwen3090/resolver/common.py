@@ -84,8 +84,9 @@ def vision(settings: Settings, b: PlanBuilder, gate: CapabilityGate) -> None:
         b.warnings.append(
             "VISION=1 with the vision tower resident under SPEC=dflash2: the 0.86 GiB tower "
             "comes out of the ~1.1 GiB transient margin of the pinned pool; the engine boots "
-            "at the headroom cliff or dies in graph capture (gotcha 8). Use VISION_OFFLOAD=1 "
-            "(its patch) or lower KV_MEM by 1 GiB"
+            "at the headroom cliff or dies in graph capture (gotcha 8). Lower KV_MEM by 1 GiB "
+            "(VISION_OFFLOAD=1 needs the tower-offload patch, which this repository's series "
+            "does not carry)"
         )
 
 
