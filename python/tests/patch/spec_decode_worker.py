@@ -741,6 +741,10 @@ COMPILE_8BIT_KV = ("int8", "fp8", "fp8q", "fp8pth")
 # with the widening production takes on that card: keys "<card>/q<q>/int8prod-qk<n>".
 COMPILE_INT8_QK = (0, 1, 2)
 COMPILE_INT8_QK_QUERY_LENS = (8, 16)
+# The same production plan with K rows known 4- or 8-byte aligned (TilePlan.k_align8; the
+# K_ALIGN the launcher derives from it): keys "<card>/q<q>/int8prod-<name>", with the
+# cp.async copies counted by width.
+COMPILE_INT8_ROW_READS: dict[str, dict[str, Any]] = {"rows4": {"K_ALIGN": 4}, "k8": {"K_ALIGN": 8}}
 
 
 def _last_line(exc: BaseException) -> str:
@@ -878,6 +882,13 @@ def _triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
     return signature, attrs
 
 
+def _prod_suffix(int8_qk: int | None, rows: str | None) -> str:
+    """A compile-report key's suffix for the int8 production plan's variants."""
+    if rows is not None:
+        return f"prod-{rows}"
+    return "" if int8_qk is None else f"prod-qk{int8_qk}"
+
+
 def compile_report(results: dict[str, Any], workdir: Path) -> None:
     """The split kernel as the planner launches it, compiled ahead of time for an H200
     (sm_90a: the warp-specialised Gluon kernel and the Triton one) and an RTX 3090 (sm_86)
@@ -905,15 +916,19 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
             64, heads, head_size, torch.device("cpu"), num_sms=sms, max_shared_mem=smem,
             hopper=hopper,
         )
-        # (q, cache kind, int8_qk of the int8 production plan or None: the planner's plan)
-        variants: list[tuple[int, str, int | None]] = [
-            (q, "bf16", None) for q in COMPILE_QUERY_LENS]
+        # (q, cache kind, int8_qk of the int8 production plan or None: the planner's plan,
+        # COMPILE_INT8_ROW_READS' name or None)
+        variants: list[tuple[int, str, int | None, str | None]] = [
+            (q, "bf16", None, None) for q in COMPILE_QUERY_LENS]
         if not hopper:
             # No Hopper split pass reads 8-bit caches: the Triton one there too.
-            variants += [(q, kv, None) for kv in COMPILE_8BIT_KV for q in COMPILE_QUERY_LENS]
-            variants += [(q, "int8", n) for n in COMPILE_INT8_QK
+            variants += [(q, kv, None, None) for kv in COMPILE_8BIT_KV
+                         for q in COMPILE_QUERY_LENS]
+            variants += [(q, "int8", n, None) for n in COMPILE_INT8_QK
                          for q in COMPILE_INT8_QK_QUERY_LENS]
-        for q, kv, int8_qk in variants:
+            variants += [(q, "int8", 0, r) for r in COMPILE_INT8_ROW_READS
+                         for q in COMPILE_INT8_QK_QUERY_LENS]
+        for q, kv, int8_qk, rows in variants:
             overrides = {} if int8_qk is None else sda.TILE_PLANS["int8"].plan_overrides()
             plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws,
                                    kernel="triton" if kv != "bf16" else None, **overrides)
@@ -947,6 +962,11 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 # The widening use_fast_int8 picks on this card (bit arithmetic below sm_90).
                 constexprs["FAST_INT8"] = cap < 90
                 constexprs["INT8_QK"] = int8_qk
+            # The K alignment a launch tells the compiler (its cache family's production
+            # plan, TILE_PLANS), unless a variant says.
+            family = {"int8": "int8", "fp8pth": "fp8", "fp8": "fp8", "fp8q": "fp8"}
+            constexprs["K_ALIGN"] = 8 if sda.TILE_PLANS[family.get(kv, "16bit")].k_align8 else 4
+            constexprs.update(COMPILE_INT8_ROW_READS.get(rows or "", {}))
             if signature["q_scale_ptr"] == "constexpr":
                 constexprs["q_scale_ptr"] = None
             source = ASTSource(
@@ -963,7 +983,7 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 if kv == "bf16":
                     raise
                 # An 8-bit variant this Triton refuses for the target: recorded, not fatal.
-                key = f"{card}/q{q}/{kv}" + ("" if int8_qk is None else f"prod-qk{int8_qk}")
+                key = f"{card}/q{q}/{kv}" + _prod_suffix(int8_qk, rows)
                 report[key] = {"kernel": plan.kernel, "error": _last_line(exc)}
                 print(f"{key}: {report[key]}", flush=True)
                 continue
@@ -981,10 +1001,14 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 "byte_loads": ptx.count("ld.global.b8"),
                 # MMAs on int8 operands into int32 (wgmma or mma.sync): Q.K of int8_qk.
                 "s8_mma": len(re.findall(r"mma[\w.]*\.s32\.s8\.s8", ptx)),
+                # Asynchronous global -> shared copies by width in bytes (the K/V tiles').
+                "cp_async": {str(n): len(re.findall(
+                    rf"cp\.async\.c[ag]\.shared\.global\S*\s*\[[^]]*\],\s*\[[^]]*\],\s*"
+                    rf"{hex(n)}\b", ptx)) for n in (4, 8, 16)},
             }
             key = f"{card}/q{q}" + ("" if kv == "bf16" else f"/{kv}")
-            if int8_qk is not None:
-                key += f"prod-qk{int8_qk}"
+            if kv != "bf16":
+                key += _prod_suffix(int8_qk, rows)
             report[key] = row
             print(f"{key}: {row}", flush=True)
     results["compiled"] = report

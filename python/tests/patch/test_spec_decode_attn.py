@@ -296,7 +296,9 @@ def test_split_kernel_compiled_for_h200_and_rtx3090(compiled: dict[str, Any]) ->
         f"{card}/q{q}/{kv}" for card in cards[1:] for q in (4, 8, 16)
         for kv in worker.COMPILE_8BIT_KV} | {
         f"{card}/q{q}/int8prod-qk{n}" for card in cards[1:]
-        for q in worker.COMPILE_INT8_QK_QUERY_LENS for n in worker.COMPILE_INT8_QK}
+        for q in worker.COMPILE_INT8_QK_QUERY_LENS for n in worker.COMPILE_INT8_QK} | {
+        f"{card}/q{q}/int8prod-{r}" for card in cards[1:]
+        for q in worker.COMPILE_INT8_QK_QUERY_LENS for r in worker.COMPILE_INT8_ROW_READS}
     for key, row in rows.items():
         if "error" in row:  # test_fp8_split_pass_compiled_for_h200 holds these
             continue
@@ -358,6 +360,28 @@ def test_int8_qk_compiled_on_the_int8_mma(compiled: dict[str, Any]) -> None:
             # The widened plan's Q.K MMAs become int8 ones: the 16-bit ones left are P @ V's.
             mma = "wgmma" if card == "h200-triton" else "mma_sync"
             assert rows[1][mma] - rows[1]["s8_mma"] < rows[0][mma], rows
+
+
+@pytest.mark.patch
+def test_int8_k_rows_copied_eight_bytes_at_a_time(compiled: dict[str, Any]) -> None:
+    """TilePlan.k_align8 at the int8 production plan (q = 8 and 16), compiled for sm_90a
+    and sm_86: told K's rows are 8-byte aligned, the compiler copies K 8 bytes at a time
+    (cp.async of 8 bytes appear, and fewer 4-byte ones are left: V's rows are only 4-byte
+    aligned); none of either is a byte load. The production plan takes it (the H200 sweep
+    in benchmarks/spec_decode_attn.md), and its compile report is the 8-byte one."""
+    for card in ("h200-triton", "rtx3090"):
+        for q in worker.COMPILE_INT8_QK_QUERY_LENS:
+            four = compiled[f"{card}/q{q}/int8prod-rows4"]
+            eight = compiled[f"{card}/q{q}/int8prod-k8"]
+            for row in (four, eight):
+                assert "error" not in row and row["byte_loads"] == 0, (card, q, row)
+                assert row["shared"] <= row["smem_estimate"] <= row["smem_limit"], row
+            assert four["cp_async"]["8"] == 0 and four["cp_async"]["4"] > 0, four
+            assert eight["cp_async"]["8"] > 0, eight
+            assert eight["cp_async"]["4"] < four["cp_async"]["4"], (four, eight)
+            # The production plan (qk0: int8_qk off) is compiled as a launch makes it.
+            prod = compiled[f"{card}/q{q}/int8prod-qk0"]
+            assert prod["cp_async"] == eight["cp_async"], (prod, eight)
 
 
 @pytest.mark.patch
@@ -432,7 +456,8 @@ def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     env = {**os.environ, "PYTHONPATH": str(_dist_dir(tmp_path / "dist"))}
     proc = subprocess.run(
         [sys.executable, str(BENCHMARK), "--tree", str(patched_cpu_tree), "--out",
-         str(tmp_path), "--smoke", "--sweep-8bit", "--contexts", ""],
+         str(tmp_path), "--smoke", "--sweep-8bit", "--sweep-8bit-budget", "600",
+         "--contexts", ""],
         capture_output=True, text=True, timeout=900, check=False, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -441,12 +466,12 @@ def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     assert result["skipped"] == [] and [r for r in rows if "error" in r] == []
     configs = {kv: {r["config"] for r in rows if r["kv"] == kv} for kv in ("int8", "fp8")}
     grid = {"tile_n=32 num_warps=4 num_stages=2", "tile_n=64 num_warps=4 num_stages=2"}
-    # On the CPU the production int8 plan takes Triton's cast and widens K, so "+cast" and
-    # "+widened" are the same launch as it.
-    # The int8 grid is timed again with Q.K on the int8 MMA (two query terms).
+    # On the CPU the production int8 plan takes Triton's cast, widens K and copies K 8 bytes
+    # at a time, so "+cast", "+widened" and "+k8" are the same launch as it, and "+n16+k8"
+    # as "+n16". The int8 grid is timed again with K copied 4 bytes at a time.
     assert configs["int8"] == {"production", "production+bits", "production+int8qk1",
-                               "production+int8qk2"} | grid | {
-                                   f"{g}+int8qk2" for g in grid}, configs
+                               "production+int8qk2", "production+rows4",
+                               "production+n16"} | grid | {f"{g}+rows4" for g in grid}, configs
     # The production fp8 plan takes the fp8 MMA, so "+fp8qk" is the same launch; "+widened"
     # is the alternative it is measured against.
     assert configs["fp8"] == {"production", "production+widened"} | grid, configs
@@ -458,6 +483,8 @@ def test_benchmark_8bit_sweep_runs_on_the_interpreter(
         int8_qk = (1 if r["config"] == "production+int8qk1"
                    else 2 if r["config"].endswith("+int8qk2") else 0)
         assert r["int8_qk"] == (int8_qk if r["kv"] == "int8" else None), r
+        k8 = not r["config"].endswith("+rows4")
+        assert r["k_align8"] == (k8 if r["kv"] == "int8" else None), r
     assert set(result["best_per_cell"]) == {f"{kv}/q4/{c}" for kv in ("int8", "fp8")
                                             for c in (64, 96)}
     assert set(result["best_per_shape"]) == {"int8/q4", "fp8/q4"}

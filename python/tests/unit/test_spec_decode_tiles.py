@@ -282,3 +282,20 @@ def test_production_plans_are_the_table(sda: Any) -> None:
     cases = {torch.int8: "int8", ref.FP8: "fp8", torch.bfloat16: "16bit"}
     for dtype, family in cases.items():
         assert sda.kv_family(torch.zeros(1, dtype=dtype)) == family
+
+
+# TilePlan.k_align8: 8-byte K copies (the layout's K rows are 8-byte aligned; see the
+# compile report for the copies' widths).
+def test_int8_k_align8_matches_reference(sda: Any) -> None:
+    """TilePlan.k_align8 on the same batch: the arithmetic is unchanged (bit for bit), and a
+    K view whose rows are only 4-byte aligned is told 4 (the launcher's check)."""
+    batch = _batch("int8", seed=9)
+    k, v = batch.key_cache, batch.value_cache
+    # K rows at 2 x (head size + 4) x head: 8-byte aligned; V rows 4 bytes further.
+    assert sda.rows_aligned(k, 8) and not sda.rows_aligned(v, 8) and sda.rows_aligned(v, 4)
+    raw = k.as_strided((k.numel() + 64,), (1,), 0)
+    assert not sda.rows_aligned(raw[4:].as_strided(k.shape, k.stride()), 8)
+    a8 = _run(sda, batch, sda.TilePlan(tile_n=32, k_align8=True), 4)
+    a4 = _run(sda, batch, sda.TilePlan(tile_n=32), 4)
+    assert a8["unwritten_rows"] == 0 and a8["rel_err"] < REL_ERR, a8
+    assert torch.equal(a8["out"], a4["out"])

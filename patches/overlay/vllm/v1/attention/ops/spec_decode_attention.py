@@ -113,6 +113,10 @@ class TilePlan:
     widened, a 16-bit MMA); 1 one int8 term per row; 2 two terms, the second the
     first's remainder at 1/256 of its scale, both MMAs into one int32 accumulator
     (sm_80+ for the int8 MMA).
+    k_align8 (per-token-head caches): tell the compiler K rows start 8-byte aligned, for
+    8-byte rather than 4-byte K copies. TRITON_ATTN's rows are head_size + 4 bytes, so
+    K rows (at 2 x (head_size + 4) x head) are 8-byte aligned and V rows 4-byte aligned
+    only; the launcher checks the cache and says 4 where it is not.
     """
 
     tile_n: int | None = None
@@ -122,6 +126,7 @@ class TilePlan:
     fast_int8: bool | None = None
     fp8_qk: bool = False
     int8_qk: int = 0
+    k_align8: bool = False
 
     def __post_init__(self) -> None:
         if self.int8_qk not in (0, 1, 2):
@@ -149,7 +154,11 @@ class TilePlan:
 #   int8_qk stays off until the H200 sweep times it: on the interpreter one query term
 #   gave 1.5x stock's error on the same data (9.4e-3 against 6.2e-3), two terms stock's
 #   own (6.1e-3); ptxas reports no fewer spills at these tiles, none at all at 8 warps
-#   for q = 8 on sm_90a (the benchmark doc).
+#   for q = 8 on sm_90a (the benchmark doc); the H200 sweep then found it no faster.
+#   k_align8: K copied 8 bytes at a time; the H200 sweep of 2026-12-03 measured it the
+#   fastest config at every context for q = 16 and within 4 % of the fastest for q = 8
+#   (234 -> 221 us at 128k, q = 8; 54 -> 44 us at 16k). 16-byte-aligned windows before the
+#   rows and TMA boxes of them were tried there too and were slower (the benchmark doc).
 # - "fp8": the planner's tiles with the fp8 Q.K MMA: the sweep measured it the
 #   fastest config at every context and q (1.6x at q = 8, 1.8x at q = 16 over the
 #   widened path at worst) at the same error against the float32 reference
@@ -157,7 +166,7 @@ class TilePlan:
 #   (per-tensor fp8 caches with fp8 queries), which needs sm_89+.
 TILE_PLANS: dict[str, TilePlan] = {
     "16bit": TilePlan(),
-    "int8": TilePlan(tile_n=32, num_stages=3),
+    "int8": TilePlan(tile_n=32, num_stages=3, k_align8=True),
     "fp8": TilePlan(fp8_qk=True),
 }
 
@@ -447,6 +456,7 @@ def _spec_decode_split_kernel(
     FAST_INT8: tl.constexpr = False,
     FP8_QK: tl.constexpr = False,
     INT8_QK: tl.constexpr = 0,
+    K_ALIGN: tl.constexpr = 4,
 ):
     """KV_SCALES: 0 for a 16-bit cache; 1 for a per-tensor fp8 cache, whose
     descales k_scale_ptr / v_scale_ptr are [num_seqs, num_kv_heads] (strides
@@ -454,7 +464,8 @@ def _spec_decode_split_kernel(
     2 for per-token-head scales, [num_blocks, block_size, num_kv_heads] views.
     Q_SCALED: q is fp8 with the per-tensor descale q_scale_ptr[0] (TRITON_ATTN
     quantizes queries for fp8 caches on CUDA). FAST_INT8, FP8_QK, INT8_QK: _widen's
-    and _attend_tile's (TilePlan)."""
+    and _attend_tile's (TilePlan). K_ALIGN: the bytes a per-token-head cache's K rows
+    are known aligned to (4, or 8 with TilePlan.k_align8 where the launcher checked)."""
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     seg = tl.program_id(2)
@@ -536,8 +547,8 @@ def _spec_decode_split_kernel(
         # TRITON_ATTN's per-token-head rows are (head_size + 4)-byte runs: a head's K and
         # V rows start 4-byte aligned, never 16 (the launcher checks), so Triton
         # specialises neither pointer as aligned; say what holds, for 4-byte rather than
-        # 1-byte loads.
-        k_base = tl.multiple_of(k_base, 4)
+        # 1-byte loads (8-byte for K where K_ALIGN says so).
+        k_base = tl.multiple_of(k_base, K_ALIGN)
         v_base = tl.multiple_of(v_base, 4)
         ks_base = k_scale_ptr + kv_head.to(tl.int64) * stride_ks_head
         vs_base = v_scale_ptr + kv_head.to(tl.int64) * stride_vs_head
@@ -723,14 +734,18 @@ class SpecDecodeWorkspace(WorkspaceShape):
         )
 
 
+def rows_aligned(t: torch.Tensor, align: int) -> bool:
+    """Whether every row of a cache view (its last dimension) starts ``align``-byte
+    aligned."""
+    return t.data_ptr() % align == 0 and all(
+        st * t.element_size() % align == 0 for st in t.stride()[:-1])
+
+
 def int8_rows_aligned(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
     """Whether every K and V row of a per-token-head cache (int8 or fp8) starts 4-byte
     aligned, as the split pass's per-token-head variant tells the compiler (TRITON_ATTN's
     layout does: rows of head_size + 4 bytes)."""
-    return all(
-        t.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in t.stride()[:-1])
-        for t in (key_cache, value_cache)
-    )
+    return all(rows_aligned(t, 4) for t in (key_cache, value_cache))
 
 
 def _launch_triton_split(
@@ -818,6 +833,8 @@ def _launch_triton_split(
         # int8 per-token-head caches only (16-bit queries there).
         INT8_QK=tiles.int8_qk if kv_scales == _KV_TOKEN_HEAD and key_cache.dtype == torch.int8
         else 0,
+        K_ALIGN=8 if (tiles.k_align8 and kv_scales == _KV_TOKEN_HEAD
+                      and rows_aligned(key_cache, 8)) else 4,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
