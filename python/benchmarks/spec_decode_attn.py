@@ -472,35 +472,43 @@ SWEEP8_GRID: dict[str, tuple[int, ...]] = {
 # quantized in one or two int8 terms against widened K for int8 (TilePlan.int8_qk), and Q.K
 # as an fp8 MMA on the codes against widened K for fp8 (the production plan takes the MMA
 # since the H200 sweep).
+# K rows said 8-byte aligned or not (k_align8: 8-byte copies of K, production's since the
+# 2026-12-03 sweep, whose command named k8 and n16+k8; the layout's V rows stay 4-byte).
 SWEEP8_SWITCHES: dict[str, dict[str, dict[str, bool | int]]] = {
     "int8": {"bits": {"fast_int8": True}, "cast": {"fast_int8": False},
-             "int8qk1": {"int8_qk": 1}, "int8qk2": {"int8_qk": 2}, "widened": {"int8_qk": 0}},
+             "int8qk1": {"int8_qk": 1}, "int8qk2": {"int8_qk": 2}, "widened": {"int8_qk": 0},
+             "k8": {"k_align8": True}, "rows4": {"k_align8": False},
+             "n16": {"tile_n": 16}, "n16+k8": {"tile_n": 16, "k_align8": True}},
     "fp8": {"fp8qk": {"fp8_qk": True}, "widened": {"fp8_qk": False}},
 }
 # Switches the whole grid is timed with as well (config name suffixed "+<name>"), for a
-# switch that changes what fits in registers: at 8 warps Q.K on the int8 MMA compiles
-# spill-free for sm_90a at q = 8, where the widened path spills (benchmarks doc).
+# switch that changes what fits in registers or how rows load: K copied 4 bytes at a time
+# against production's 8 (int8_qk = 2 had its grid run in 2026-12-02's sweep and is left out
+# since: no faster anywhere).
 SWEEP8_GRID_SWITCHES: dict[str, dict[str, dict[str, bool | int]]] = {
-    "int8": {"int8qk2": {"int8_qk": 2}},
+    "int8": {"rows4": {"k_align8": False}},
 }
 # A config is rejected (never "best") with any unwritten row or a relative error against the
 # float32 reference above this: bf16 q and P rounding lands at 5e-3..6e-3 (the tests' bound).
 SWEEP8_REL_ERR = 1e-2
 
 
-def sweep8_configs(sda: Any, kv: str, q: int, ws: Any) -> list[tuple[str, Any, Any]]:
+def sweep8_configs(sda: Any, kv: str, q: int, ws: Any, switches: list[str] | None = None,
+                   grid: bool = True) -> list[tuple[str, Any, Any]]:
     """(name, TilePlan, LaunchPlan) per distinct launch for one (kv, q): the production plan
-    first, then its switches, then the grid (in SWEEP8_GRID's order), each grid point as it
-    is and then with each of SWEEP8_GRID_SWITCHES."""
+    first, then its switches (those named in ``switches``, None: all), then, with ``grid``,
+    the grid (in SWEEP8_GRID's order), each grid point as it is and then with each of
+    SWEEP8_GRID_SWITCHES."""
     heads = NUM_KV_HEADS * GROUP
     production = sda.TILE_PLANS["int8" if kv == "int8" else "fp8"]
     named: list[tuple[str, Any]] = [("production", production)]
     for name, switch in SWEEP8_SWITCHES.get(kv, {}).items():
-        named.append((f"production+{name}", dataclasses.replace(production, **switch)))
+        if switches is None or name in switches:
+            named.append((f"production+{name}", dataclasses.replace(production, **switch)))
     grid_switches: dict[str, dict[str, bool | int]] = {"": {}}
     for name, switch in SWEEP8_GRID_SWITCHES.get(kv, {}).items():
         grid_switches[f"+{name}"] = switch
-    for values in itertools.product(*SWEEP8_GRID.values()):
+    for values in itertools.product(*SWEEP8_GRID.values()) if grid else ():
         fields = dict(zip(SWEEP8_GRID, values, strict=True))
         for suffix, switch in grid_switches.items():
             name = " ".join(f"{k}={v}" for k, v in fields.items()) + suffix
@@ -513,7 +521,8 @@ def sweep8_configs(sda: Any, kv: str, q: int, ws: Any) -> list[tuple[str, Any, A
         key = (plan.block_m, plan.tile_n, plan.num_warps, plan.num_stages, plan.num_segments,
                sda.use_fast_int8(tiles, ws_device(ws)) if kv == "int8" else None,
                tiles.fp8_qk if kv == "fp8" else None,
-               tiles.int8_qk if kv == "int8" else None)
+               tiles.int8_qk if kv == "int8" else None,
+               tiles.k_align8 if kv == "int8" else None)
         if key in seen:
             continue
         seen.add(key)
@@ -586,6 +595,7 @@ def sweep8_row(env: dict[str, Any], cell: Cell, batches: list[Any], want: Any, w
         else None,
         "fp8_qk": tiles.fp8_qk if cell.kv == "fp8" else None,
         "int8_qk": tiles.int8_qk if cell.kv == "int8" else None,
+        "k_align8": tiles.k_align8 if cell.kv == "int8" else None,
         **compiled_info(recorder.last),
     }
 
@@ -618,7 +628,8 @@ def sweep8_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_sweep8(env: dict[str, Any], ws: Any, copy_bw: float, out_path: Path, budget_s: float,
-               kvs: list[str], contexts: list[int], queries: list[int]) -> dict[str, Any]:
+               kvs: list[str], contexts: list[int], queries: list[int],
+               switches: list[str] | None = None, grid: bool = True) -> dict[str, Any]:
     """SWEEP8's grid: rows printed and written to out_path as they come, then the summary.
     Configs go round-robin over the (kv, q) shapes (the production plan and its switches of
     every shape first), so a budget that runs out leaves every shape the same coverage."""
@@ -636,7 +647,8 @@ def run_sweep8(env: dict[str, Any], ws: Any, copy_bw: float, out_path: Path, bud
         for q in queries:
             per_cell = [(cell, cell.batches(q)) for cell in cells]
             wants = [ref.reference(batches[0], HEAD_SIZE**-0.5) for _, batches in per_cell]
-            shapes.append((kv, q, per_cell, wants, sweep8_configs(sda, kv, q, ws)))
+            shapes.append((kv, q, per_cell, wants,
+                           sweep8_configs(sda, kv, q, ws, switches, grid)))
     print(f"8-bit sweep: {sum(len(c[4]) for c in shapes)} configs over {len(shapes)} shapes "
           f"x {len(contexts)} contexts (cells built in {time.perf_counter() - started:.0f} s)",
           flush=True)
@@ -733,6 +745,11 @@ def main() -> int:
     parser.add_argument("--sweep-8bit-budget", type=float, default=150.0,
                         help="seconds for --sweep-8bit: configs not started by then are "
                         "listed as skipped")
+    parser.add_argument("--sweep-8bit-switches", default=None,
+                        help="comma-separated SWEEP8_SWITCHES to time with the production "
+                        "plan (default: all)")
+    parser.add_argument("--sweep-8bit-no-grid", action="store_true",
+                        help="--sweep-8bit times the production plan and its switches only")
     parser.add_argument("--variants", action="store_true",
                         help="compare the kernel variants of VARIANTS first")
     parser.add_argument("--variants-budget", type=float, default=300.0, help="seconds")
@@ -810,8 +827,14 @@ def main() -> int:
                      if args.sweep_8bit_contexts else list(SWEEP8_CONTEXTS))
         queries8 = ([int(c) for c in args.sweep_8bit_queries.split(",") if c]
                     if args.sweep_8bit_queries else list(SWEEP8_QUERIES))
+        switches8 = (None if args.sweep_8bit_switches is None
+                     else [n for n in args.sweep_8bit_switches.split(",") if n])
+        known = {n for kv in kvs8 for n in SWEEP8_SWITCHES.get(kv, {})}
+        if switches8 is not None and set(switches8) - known:
+            parser.error(f"--sweep-8bit-switches: unknown {sorted(set(switches8) - known)}; "
+                         f"choose from {', '.join(sorted(known))}")
         run_sweep8(env, ws, copy_bw, out_dir / "sweep8.json", args.sweep_8bit_budget, kvs8,
-                   contexts8, queries8)
+                   contexts8, queries8, switches8, not args.sweep_8bit_no_grid)
         print(f"8-bit sweep took {time.perf_counter() - started:.0f} s", flush=True)
     if args.variants:
         names = [n for n in args.variant_names.split(",") if n]
