@@ -294,6 +294,12 @@ def main() -> int:
     if args.dist_dir:
         sys.path.insert(0, args.dist_dir)
     sys.path.insert(0, args.tree)
+    if args.device == "cpu":
+        # After the tree: its vllm must win.
+        sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+        from tests.support.cpu_kernels import load_cpu_kernels_for_this_cpu
+
+        load_cpu_kernels_for_this_cpu()
     from vllm.triton_utils import HAS_TRITON
 
     assert HAS_TRITON, "vLLM disabled Triton in the worker"

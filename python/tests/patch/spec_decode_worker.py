@@ -120,25 +120,6 @@ def _setup_env(device: str) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
-def _cpu_kernels_for_this_cpu() -> None:
-    """vLLM's CPU wheel builds ``vllm._C`` for AVX-512 with BF16 and ships ``_C_AVX2`` and
-    ``_C_AVX512`` beside it; CpuPlatform.import_kernels loads the one this CPU runs. With no
-    device visible this worker's platform is not CpuPlatform, and its import_kernels loads
-    ``vllm._C`` whatever the CPU: on an x86 CPU without AVX-512 BF16 the process dies with
-    SIGILL while loading it. So load the CPU platform's choice first (the ops register
-    under the same name) and mark ``vllm._C`` imported."""
-    import types
-
-    import torch
-
-    if torch.cpu._is_avx512_bf16_supported():
-        return
-    from vllm.platforms.cpu import CpuPlatform
-
-    CpuPlatform.import_kernels()
-    sys.modules.setdefault("vllm._C", types.ModuleType("vllm._C"))
-
-
 class GridRecorder:
     """Stands in for a @triton.jit kernel object and records each launch grid."""
 
@@ -1064,8 +1045,9 @@ def main() -> int:
     started = time.perf_counter()
     if args.device == "cpu" and not args.compile_report:
         from tests.support import spec_decode_ref
+        from tests.support.cpu_kernels import load_cpu_kernels_for_this_cpu
 
-        _cpu_kernels_for_this_cpu()
+        load_cpu_kernels_for_this_cpu()
         spec_decode_ref.fix_interpreter_bf16_dot()
     from vllm.triton_utils import HAS_TRITON
 

@@ -1,0 +1,28 @@
+"""Which of vLLM's CPU kernel builds a worker process loads.
+
+vLLM's CPU wheel builds ``vllm._C`` for x86 CPUs with AVX-512 BF16 and ships ``_C_AVX2`` and
+``_C_AVX512`` beside it; ``CpuPlatform.import_kernels`` loads the one this CPU runs. A patch-tier
+worker that runs with no device visible does not resolve to ``CpuPlatform``, and the platform
+it gets imports ``vllm._C`` whatever the CPU: on an x86 CPU without AVX-512 BF16 the process
+dies with SIGILL while loading it (seen on a development machine with AVX2 only).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+
+def load_cpu_kernels_for_this_cpu() -> None:
+    """Load the kernels CpuPlatform picks for this CPU (their ops register under the same
+    name) and mark ``vllm._C`` imported, so no later import loads the AVX-512 BF16 build on a
+    CPU that lacks it. A CPU that has it keeps vLLM's own path. The patched tree must be on
+    sys.path."""
+    import torch
+
+    if torch.cpu._is_avx512_bf16_supported():
+        return
+    from vllm.platforms.cpu import CpuPlatform
+
+    CpuPlatform.import_kernels()
+    sys.modules.setdefault("vllm._C", types.ModuleType("vllm._C"))
