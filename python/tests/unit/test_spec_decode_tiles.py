@@ -287,8 +287,9 @@ def test_production_plans_are_the_table(sda: Any) -> None:
 # TilePlan.k_align8: 8-byte K copies (the layout's K rows are 8-byte aligned; see the
 # compile report for the copies' widths).
 def test_int8_k_align8_matches_reference(sda: Any) -> None:
-    """TilePlan.k_align8 on the same batch: the arithmetic is unchanged (bit for bit), and a
-    K view whose rows are only 4-byte aligned is told 4 (the launcher's check)."""
+    """TilePlan.k_align8 on the same batch: the arithmetic is unchanged (bit for bit); and
+    rows_aligned, the launcher's check before it says 8, holds for this layout's K rows and
+    refuses V rows and a K view shifted by 4 bytes."""
     batch = _batch("int8", seed=9)
     k, v = batch.key_cache, batch.value_cache
     # K rows at 2 x (head size + 4) x head: 8-byte aligned; V rows 4 bytes further.
