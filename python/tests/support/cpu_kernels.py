@@ -9,6 +9,8 @@ dies with SIGILL while loading it (seen on a development machine with AVX2 only)
 
 from __future__ import annotations
 
+import functools
+import subprocess
 import sys
 import types
 
@@ -26,3 +28,24 @@ def load_cpu_kernels_for_this_cpu() -> None:
 
     CpuPlatform.import_kernels()
     sys.modules.setdefault("vllm._C", types.ModuleType("vllm._C"))
+
+
+_SHOW_OP = """
+import sys, torch
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.import_kernels()
+print(hasattr(torch.ops._C, sys.argv[1]))
+"""
+
+
+@functools.cache
+def cpu_kernels_have(op: str) -> bool:
+    """Whether the kernels CpuPlatform loads on this CPU register ``torch.ops._C.<op>``.
+    Asked in a fresh process (it imports vLLM's CPU kernels); the installed vLLM is asked."""
+    proc = subprocess.run([sys.executable, "-c", _SHOW_OP, op], capture_output=True, text=True,
+                          timeout=300, check=False)
+    answer = proc.stdout.strip().splitlines()[-1:] if proc.returncode == 0 else []
+    if answer not in (["True"], ["False"]):
+        raise RuntimeError(f"could not ask vLLM's CPU kernels for {op} (exit "
+                           f"{proc.returncode}):\n{proc.stderr[-2000:]}")
+    return answer == ["True"]

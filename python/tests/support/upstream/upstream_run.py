@@ -27,6 +27,8 @@ from tests.support.upstream.upstream_compare import SideOutcomes
 
 HERE = Path(__file__).resolve().parent
 PLUGIN = "upstream_outcomes"
+# Loaded first: it decides which CPU kernels vLLM loads (upstream_cpu_kernels.py says why).
+KERNELS_PLUGIN = "upstream_cpu_kernels"
 TEST_TIMEOUT_S = 60
 FAIL_CAP = 3
 # Per side (pristine, patched); the selection grew with the series (kvarn-backend: ~115 files,
@@ -80,7 +82,8 @@ def run_side(name: str, tree: Path, workdir: Path, files: Sequence[str],
     ids ``only``: the outcomes and the log."""
     outcomes = workdir.parent / f"{name}-outcomes.json"
     log = workdir.parent / f"{name}.log"
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", PLUGIN, "-q",
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", KERNELS_PLUGIN,
+            "-p", PLUGIN, "-q",
             "--timeout", str(TEST_TIMEOUT_S), "--continue-on-collection-errors", "-rfE"]
     if workers > 1:
         argv += ["-n", str(workers)]
