@@ -734,7 +734,7 @@ COMPILE_TARGETS = (
     ("rtx3090", 86, 82, 99 << 10, False),
 )
 COMPILE_QUERY_LENS = (4, 8, 16)
-# The 8-bit caches compiled for the Triton split pass (_triton_split_source's kinds).
+# The 8-bit caches compiled for the Triton split pass (triton_split_source's kinds).
 COMPILE_8BIT_KV = ("int8", "fp8", "fp8q", "fp8pth")
 # The int8 cache's production tile plan (TILE_PLANS["int8"]) compiled with each int8_qk
 # (Q.K widened, or on the int8 MMA with one or two query terms) at these verify lengths,
@@ -778,7 +778,7 @@ def _ptxas_report(ptx: str, arch: str, workdir: Path) -> tuple[int | None, int |
     return None, None
 
 
-def _compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size: int,
+def compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size: int,
                     block_size: int) -> Any:
     """The Gluon split pass of a Hopper plan, compiled for sm_90a with the arguments a
     launch passes (TMA descriptors of the plan's boxes over bf16 caches)."""
@@ -824,7 +824,7 @@ def _compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size
                           options={"num_warps": 4, "maxnreg": hopper.MAXNREG})
 
 
-def _triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
+def triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
                          block_size: int) -> tuple[dict[str, str], dict[Any, Any]]:
     """Signature and alignment facts of the Triton split pass as a launch over a ``kv``
     cache specialises it ("bf16"; "int8": int8_per_token_head; "fp8pth":
@@ -882,6 +882,50 @@ def _triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
     return signature, attrs
 
 
+def compile_triton_split(sda: Any, plan: Any, kv: str, cap: int, *, int8_qk: int | None = None,
+                         rows: str | None = None, extra: dict[str, Any] | None = None,
+                         heads: int = 24, kv_heads: int = 4, head_size: int = 256,
+                         block_size: int = 16) -> Any:
+    """The Triton split pass of ``plan`` over a ``kv`` cache (triton_split_source's kinds),
+    compiled for compute capability ``cap`` with the constexprs a launch passes. With
+    ``int8_qk`` (int8 only) the int8 production plan's kernel switches: that Q.K mode and the
+    widening use_fast_int8 picks on the card; ``rows`` one of COMPILE_INT8_ROW_READS;
+    ``extra`` more constexprs (a plan's switch, as FP8_QK)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = sda._spec_decode_split_kernel
+    signature, attrs = triton_split_source(fn, kv, kv_heads, head_size, block_size)
+    constexprs: dict[str, Any] = {
+        "NUM_HEADS": heads, "G": heads // kv_heads, "HEAD_SIZE": head_size,
+        "BLOCK_SIZE": block_size, "BLOCK_M": plan.block_m, "BLOCK_Q": plan.block_q,
+        "Q_TILES": plan.q_tiles, "TILE_N": plan.tile_n,
+        "NUM_SEGMENTS": plan.num_segments, "BT_LOOKAHEAD": plan.bt_lookahead,
+        "KV_SCALES": {"int8": 2, "fp8pth": 2, "fp8": 1, "fp8q": 1}.get(kv, 0),
+        "Q_SCALED": kv == "fp8q",
+    }
+    if int8_qk is not None:
+        # The widening use_fast_int8 picks on this card (bit arithmetic below sm_90).
+        constexprs["FAST_INT8"] = cap < 90
+        constexprs["INT8_QK"] = int8_qk
+    # The K alignment a launch tells the compiler (its cache family's production
+    # plan, TILE_PLANS), unless a variant says.
+    family = {"int8": "int8", "fp8pth": "fp8", "fp8": "fp8", "fp8q": "fp8"}
+    constexprs["K_ALIGN"] = 8 if sda.TILE_PLANS[family.get(kv, "16bit")].k_align8 else 4
+    constexprs.update(COMPILE_INT8_ROW_READS.get(rows or "", {}))
+    constexprs.update(extra or {})
+    if signature["q_scale_ptr"] == "constexpr":
+        constexprs["q_scale_ptr"] = None
+    source = ASTSource(
+        fn, signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+        attrs=attrs,
+    )
+    return triton.compile(source, target=GPUTarget("cuda", cap, 32),
+                          options={"num_warps": plan.num_warps, "num_stages": plan.num_stages})
+
+
 def _prod_suffix(int8_qk: int | None, rows: str | None) -> str:
     """A compile-report key's suffix for the int8 production plan's variants."""
     if rows is not None:
@@ -899,11 +943,8 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
 
     import torch
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     sda = importlib.import_module(SDA_MODULE)
-    fn = sda._spec_decode_split_kernel
     heads, kv_heads, head_size, block_size = 24, 4, 256, 16
     report: dict[str, Any] = {"triton": triton.__version__}
     # The Hopper kernel's TMA box (tokens) for 64-token tiles over these cache block sizes.
@@ -933,7 +974,7 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
             plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws,
                                    kernel="triton" if kv != "bf16" else None, **overrides)
             if plan.kernel == "hopper":
-                compiled = _compile_hopper(hopper_mod, plan, heads, kv_heads, head_size, block_size)
+                compiled = compile_hopper(hopper_mod, plan, heads, kv_heads, head_size, block_size)
                 ptx = compiled.asm["ptx"]
                 regs, spill = _ptxas_report(ptx, "sm_90a", workdir)
                 row = {
@@ -949,36 +990,8 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 report[f"{card}/q{q}"] = row
                 print(f"{card}/q{q}: {row}", flush=True)
                 continue
-            signature, attrs = _triton_split_source(fn, kv, kv_heads, head_size, block_size)
-            constexprs = {
-                "NUM_HEADS": heads, "G": heads // kv_heads, "HEAD_SIZE": head_size,
-                "BLOCK_SIZE": block_size, "BLOCK_M": plan.block_m, "BLOCK_Q": plan.block_q,
-                "Q_TILES": plan.q_tiles, "TILE_N": plan.tile_n,
-                "NUM_SEGMENTS": plan.num_segments, "BT_LOOKAHEAD": plan.bt_lookahead,
-                "KV_SCALES": {"int8": 2, "fp8pth": 2, "fp8": 1, "fp8q": 1}.get(kv, 0),
-                "Q_SCALED": kv == "fp8q",
-            }
-            if int8_qk is not None:
-                # The widening use_fast_int8 picks on this card (bit arithmetic below sm_90).
-                constexprs["FAST_INT8"] = cap < 90
-                constexprs["INT8_QK"] = int8_qk
-            # The K alignment a launch tells the compiler (its cache family's production
-            # plan, TILE_PLANS), unless a variant says.
-            family = {"int8": "int8", "fp8pth": "fp8", "fp8": "fp8", "fp8q": "fp8"}
-            constexprs["K_ALIGN"] = 8 if sda.TILE_PLANS[family.get(kv, "16bit")].k_align8 else 4
-            constexprs.update(COMPILE_INT8_ROW_READS.get(rows or "", {}))
-            if signature["q_scale_ptr"] == "constexpr":
-                constexprs["q_scale_ptr"] = None
-            source = ASTSource(
-                fn, signature,
-                constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-                attrs=attrs,
-            )
             try:
-                compiled = triton.compile(
-                    source, target=GPUTarget("cuda", cap, 32),
-                    options={"num_warps": plan.num_warps, "num_stages": plan.num_stages},
-                )
+                compiled = compile_triton_split(sda, plan, kv, cap, int8_qk=int8_qk, rows=rows)
             except Exception as exc:
                 if kv == "bf16":
                     raise

@@ -446,6 +446,49 @@ def test_benchmark_variants_run_on_the_interpreter(
 
 
 @pytest.mark.patch
+def test_issue_budget_reads_the_steady_state_loop_of_each_split_pass(
+    patched_cpu_tree: Path, tmp_path: Path
+) -> None:
+    """benchmarks/split_pass_issue.py compiles the Triton split pass (bf16, int8 production)
+    and the warp-specialised Gluon one for sm_90a with no GPU and reads their per-tile loops
+    from the SASS: the Triton pass has an unmasked and a masked loop and the budget takes the
+    shorter, the Gluon pass one loop per consumer warpgroup; the floors follow from the bytes
+    of each cache."""
+    out = tmp_path / "budget.json"
+    env = {**os.environ, "PYTHONPATH": str(_dist_dir(tmp_path / "dist"))}
+    proc = subprocess.run(
+        [sys.executable, str(worker.BENCH_DIR / "split_pass_issue.py"), "--tree",
+         str(patched_cpu_tree), "--configs", "0,1,3", "--queries", "8,16", "--json", str(out)],
+        capture_output=True, text=True, timeout=900, check=False, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {(r["config"], r["q"]): r for r in json.loads(out.read_text())["rows"]}
+    assert len(rows) == 6
+    for (_, q), r in rows.items():
+        found = r["loops_found"]
+        if r["kernel"] == "hopper":
+            assert len(found) == (1 if q == 8 else 2), r  # its consumer warpgroups
+            assert r["loop_insts_per_warp"] == sum(found)
+        else:
+            assert len(found) == 2 and r["loop_insts_per_warp"] == min(found), r
+        assert r["mma_per_warp"] > 0 and sum(r["classes"].values()) == r["loop_insts_per_warp"]
+        # Every warp runs its partition's loop once a tile (a warpgroup is 4 warps).
+        per_tile = sum(found) * 4 if r["kernel"] == "hopper" else min(found) * r["warps"]
+        assert r["warp_insts_per_token"] == pytest.approx(per_tile / r["tile_n"])
+        for ctx, c in r["contexts"].items():
+            token_bytes = {"bf16": 1024, "int8": 520}[r["kv"]]  # K and V of one head
+            assert c["hbm_floor_us"] == pytest.approx(int(ctx) * 4 * token_bytes / 4.27e6)
+            assert c["issue_floor_us"] == pytest.approx(
+                r["warp_insts_per_token"] * int(ctx) * 4 / (132 * 4 * 1.98e3))
+    # The Triton int8 pass widens K and V and copies them in 8- and 4-byte pieces: more
+    # copies and conversions a tile than the bf16 pass's 16-byte copies of ready operands.
+    int8, bf16 = rows[("int8 production", 8)], rows[("bf16 Triton", 8)]
+    assert int8["classes"]["copy"] > bf16["classes"]["copy"]
+    assert int8["classes"]["convert"] > bf16["classes"]["convert"]
+    assert "| int8 production | 8 |" in proc.stdout
+
+
+@pytest.mark.patch
 def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     patched_cpu_tree: Path, tmp_path: Path
 ) -> None:
