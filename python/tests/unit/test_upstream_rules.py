@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.upstream.upstream_compare import SideOutcomes, compare, report, rerun_on_patched
+from tests.support.upstream.upstream_compare import (
+    SideOutcomes,
+    compare,
+    confirm,
+    report,
+    rerun_on_patched,
+)
 from tests.support.upstream.upstream_select import (
     INFRASTRUCTURE_IMPORTERS,
     AcceptedChange,
@@ -139,6 +145,29 @@ def test_compare_passes_clean_runs_and_flags_broken_collection() -> None:
     c = compare(SideOutcomes({"b": "failed"}), broken)
     assert c.broken_collection == ("tests/t.py",)
     assert not c.ok
+
+
+def test_only_regressions_that_reproduce_alone_count() -> None:
+    pristine = SideOutcomes({"slow": "passed", "real": "passed", "both": "passed",
+                             "gone": "passed"})
+    patched = SideOutcomes({"slow": "failed", "real": "failed", "both": "failed"})
+    c = compare(pristine, patched)
+    assert c.regressed == ("both", "gone", "real", "slow")
+    # Run again alone: "slow" passes on both, "both" fails on both, "real" and "gone" (not
+    # collected on the patched tree) still regress.
+    again = confirm(c, SideOutcomes({"slow": "passed", "real": "passed", "both": "failed",
+                                     "gone": "passed"}),
+                    SideOutcomes({"slow": "passed", "real": "failed", "both": "failed"}))
+    assert again.regressed == ("gone", "real")
+    assert again.not_reproduced == ("both", "slow")
+    assert not again.ok
+    text = report(again, pristine, patched)
+    assert "REGRESSED real" in text and "REGRESSED slow" not in text
+    assert "not reproduced slow (did not pass patched in the parallel run" in text
+    cleared = confirm(compare(pristine, SideOutcomes({**patched.tests, "real": "passed",
+                                                      "gone": "passed", "both": "passed"})),
+                      pristine, SideOutcomes({"slow": "passed"}))
+    assert cleared.ok and cleared.not_reproduced == ("slow",)
 
 
 def _run_plugin(tmp_path: Path, **env_extra: str) -> dict[str, dict[str, str]]:

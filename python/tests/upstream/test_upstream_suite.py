@@ -16,7 +16,12 @@ import pytest
 
 from tests.support import patchtrees
 from tests.support.artifacts import fetch_artifact, pristine_tree
-from tests.support.upstream.upstream_compare import compare, report, rerun_on_patched
+from tests.support.upstream.upstream_compare import (
+    compare,
+    confirm,
+    report,
+    rerun_on_patched,
+)
 from tests.support.upstream.upstream_run import run_side, unpack_tests
 from tests.support.upstream.upstream_select import (
     accepted_changes,
@@ -40,9 +45,18 @@ def test_patched_tree_keeps_upstream_tests_passing(
 
     pristine, pristine_log = run_side("pristine", pristine_tree(patchtrees.CPU_WHEEL), workdir,
                                       files)
-    patched, _ = run_side("patched", patchtrees.patched_tree(patchtrees.CPU_WHEEL), workdir,
-                          files, only=rerun_on_patched(pristine))
+    patched_tree = patchtrees.patched_tree(patchtrees.CPU_WHEEL)
+    patched, _ = run_side("patched", patched_tree, workdir, files, only=rerun_on_patched(pristine))
     comparison = compare(pristine, patched, accepted)
+    if comparison.regressed:
+        # A regression must reproduce: its ids again, alone (no xdist), on both trees.
+        ids = set(comparison.regressed)
+        again_files = sorted({test_id.split("::", 1)[0] for test_id in ids})
+        pristine_again, _ = run_side("pristine-again", pristine_tree(patchtrees.CPU_WHEEL),
+                                     workdir, again_files, only=ids, workers=1)
+        patched_again, _ = run_side("patched-again", patched_tree, workdir, again_files,
+                                    only=ids, workers=1)
+        comparison = confirm(comparison, pristine_again, patched_again)
 
     lines = [f"upstream selection: {len(files)} test files for {len(selections)} modules"]
     for s in selections:

@@ -5,13 +5,18 @@ A regression is a test that passed on the pristine tree and did not pass on the 
 (``# upstream-changes:``, see upstream_select). Tests that fail on the pristine tree (no GPU,
 no network, a missing optional dependency) are counted in the report, not against the series;
 the patched side does not rerun them (``rerun_on_patched``): they cannot regress.
+
+A regression must reproduce (``confirm``): the regressed ids run again, alone and without
+xdist, on both trees, and only those that pass pristine and fail patched there count. A test
+that timed out while the machine was loaded (one that starts vLLM three times in a subprocess,
+say) is listed as not reproduced instead, never dropped silently.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tests.support.upstream.upstream_select import AcceptedChange
@@ -56,6 +61,8 @@ class Comparison:
     fixed: tuple[str, ...]
     """Did not pass pristine, passed patched."""
     collect_errors: Mapping[str, tuple[str | None, str | None]]
+    not_reproduced: tuple[str, ...] = ()
+    """Regressed in the parallel run, not when both trees ran them again alone (confirm)."""
     """Collection error messages per file/node: (pristine, patched)."""
 
     @property
@@ -111,6 +118,21 @@ def compare(pristine: SideOutcomes, patched: SideOutcomes,
                       tuple(regressed), tuple(accepted_hits), stale, tuple(fixed), errors)
 
 
+def confirm(comparison: Comparison, pristine_again: SideOutcomes,
+            patched_again: SideOutcomes) -> Comparison:
+    """``comparison`` with only the regressions that reproduce: a regressed id stays one if,
+    run again on both trees, it passed pristine and did not pass patched; the others move to
+    ``not_reproduced``."""
+    kept: list[str] = []
+    gone: list[str] = []
+    for test_id in comparison.regressed:
+        again = (pristine_again.tests.get(test_id) == PASSED
+                 and patched_again.tests.get(test_id) != PASSED)
+        (kept if again else gone).append(test_id)
+    return replace(comparison, regressed=tuple(kept),
+                   not_reproduced=comparison.not_reproduced + tuple(gone))
+
+
 def report(comparison: Comparison, pristine: SideOutcomes, patched: SideOutcomes) -> str:
     """The tier's report: counts first, then every id that needs a reader's attention."""
     c = comparison
@@ -123,6 +145,9 @@ def report(comparison: Comparison, pristine: SideOutcomes, patched: SideOutcomes
     for test_id in c.regressed:
         lines.append(f"  REGRESSED {test_id} (pristine passed, patched "
                      f"{patched.tests.get(test_id, 'not collected')})")
+    for test_id in c.not_reproduced:
+        lines.append(f"  not reproduced {test_id} (did not pass patched in the parallel run; "
+                     "rerun alone on both trees, it was no regression)")
     for test_id, change in c.accepted:
         lines.append(f"  accepted  {test_id} ({change.patch}: {change.why})")
     for change in c.stale:
