@@ -489,6 +489,30 @@ def test_issue_budget_reads_the_steady_state_loop_of_each_split_pass(
 
 
 @pytest.mark.patch
+def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -> None:
+    """benchmarks/int8_ws_candidate.py (issue 21's warp-specialised int8 split pass, not in
+    the series) compiles for sm_90a with this Triton, and its consumer's per-tile loop, the
+    one loop holding an MMA, issues no global copy (the loader warp's TMA does them) and at
+    most BUDGET_WARP_INSTS_PER_TOKEN warp instructions a KV token, in both Q.K modes."""
+    out = tmp_path / "candidate.json"
+    script = worker.BENCH_DIR / "int8_ws_candidate.py"
+    proc = subprocess.run([sys.executable, str(script), "--compile-only", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["int8_qk"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {1, 2}
+    budget = int(next(line.split("=")[1] for line in script.read_text().splitlines()
+                      if line.startswith("BUDGET_WARP_INSTS_PER_TOKEN")))
+    for mode, r in rows.items():
+        assert r["classes"]["copy"] == 0, r
+        assert r["warp_insts_per_token"] == pytest.approx(r["loop_insts_per_warp"] * 4 / 64)
+        assert r["warp_insts_per_token"] <= budget, r
+        assert r["shared"] <= 227 << 10, r
+        # The int8 Q.K MMA: 2 chunks x 4 k-steps a term, one or two terms; P.V 2 x 4.
+        assert r["mma_per_warp"] == 8 * mode + 8, r
+
+
+@pytest.mark.patch
 def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     patched_cpu_tree: Path, tmp_path: Path
 ) -> None:

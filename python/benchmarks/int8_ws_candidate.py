@@ -1,0 +1,545 @@
+"""Candidate for issue 21: the split pass over TRITON_ATTN's int8_per_token_head cache as a
+warp-specialised Hopper (sm_90) kernel in Gluon. Not in the patch series: it lives with the
+benchmarks until an H200 has checked and timed it, so that trying it leaves the series (and
+the GPU records made on it) unchanged.
+
+Why this shape (spec_decode_attn.md, "What a tile costs in instructions"): the Triton int8
+split pass issues 160 warp instructions a KV token at q = 8 and would need an IPC of 3.0 to
+reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. Here:
+
+- one loader warp copies each 64-key tile with TMA: K and V as two 128-byte-wide int8 boxes
+  each (one head's 256 codes), and their float32 scales as 16-byte boxes that start at the
+  scale (its 4 bytes first). No consumer thread computes a copy address.
+- the consumer warpgroup (q <= 8 tokens x G heads in 64 rows) runs Q.K on the int8 wgmma:
+  the query is quantized per row once (INT8_QK = 2: two terms, as the Triton pass's
+  int8_qk=2), K is used as TMA wrote it (8-bit wgmma operands must be K-major, and K's rows
+  are); the scores are scaled by the query row's and the key's scale.
+- V's rows are not K-major for P.V, so V is widened once per tile into a bf16 tile in shared
+  memory (int8 codes are exact in bf16) and its per-token scale is folded into P's columns,
+  as the Triton pass does.
+
+Unverified on a GPU, and one question only a GPU answers: TMA is asked for boxes whose first
+column is not 16-byte aligned (a head's K starts 8 bytes past a 16-byte boundary for odd
+heads, V 4 or 12 bytes past). The driver's listed conditions cover the base address, the
+strides and the box's inner size, not the coordinates; Triton's interpreter refuses such
+boxes, so no CPU test can answer it. ``main`` checks every KV head's output against the
+float32 reference before it times anything.
+
+Its online softmax, epilogue and compile signature repeat spec_decode_attention_hopper.py's
+and the compile report's on purpose: the candidate compiles without a patched tree. Once
+the H200 has checked it, it moves into that module and shares them.
+
+    python benchmarks/int8_ws_candidate.py --compile-only        # any machine: the loop budget
+    python benchmarks/int8_ws_candidate.py --tree DIR [--json OUT] # an H200: errors and times
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+HERE = Path(__file__).resolve().parent
+PYTHON_DIR = HERE.parent
+
+# Triton 3.9 renamed the TMA load; 3.6 and 3.7 have only the old name.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+WG_ROWS = gl.constexpr(64)
+CH8 = gl.constexpr(128)  # int8 columns a chunk: 128 bytes, the widest swizzle
+SCB = gl.constexpr(16)  # bytes of a scale box (the 4 scale bytes and what follows)
+# Registers a thread over the launch (5 warps), and the loader warp's share after setmaxnreg.
+MAXNREG = 168
+LOADER_REGS = gl.constexpr(24)
+TILE_N = 64  # keys a tile
+# Warp instructions a KV token the consumer's loop may cost: at the IPC the H200 ran the split
+# passes at (about 1.4), 60 % of the int8 floor at 64k-128k allows about 74
+# (spec_decode_attn.md, "What a tile costs in instructions").
+BUDGET_WARP_INSTS_PER_TOKEN = 74
+BOX_T = 16  # tokens a TMA box: one cache block of 16 (the benchmark's block size)
+
+
+@gluon.jit
+def _loader8(desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row_ptr, kv_lo, kv_hi, n_tiles,
+             rows_per_block, col_k, col_v, BLOCK_SIZE: gl.constexpr, TILE_N: gl.constexpr,
+             BOX_T: gl.constexpr, HEAD: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: each tile's K and V codes (two 128-byte chunks each) and its two scale boxes,
+    STAGES tiles ahead of the consumer, one box of BOX_T tokens (one cache block) at a time.
+    The boxes of the last head's V scale run past the row's end: TMA fills those bytes with
+    zeros and still counts them."""
+    tile_bytes: gl.constexpr = TILE_N * (4 * CH8 + 2 * SCB)
+    for i in range(n_tiles):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        start = kv_lo + i * TILE_N
+        mbarrier.expect(ready.index(s), tile_bytes)
+        for j in gl.static_range(TILE_N // BOX_T):
+            tok = start + j * BOX_T
+            blk = gl.load(bt_row_ptr + tok // BLOCK_SIZE, mask=tok < kv_hi, other=0)
+            row = blk * rows_per_block + tok % BLOCK_SIZE
+            for c in gl.static_range(2):
+                _tma_load(desc, [row, col_k + c * CH8], ready.index(s),
+                          bufs.index(s * 4 + c).slice(j * BOX_T, BOX_T))
+                _tma_load(desc, [row, col_v + c * CH8], ready.index(s),
+                          bufs.index(s * 4 + 2 + c).slice(j * BOX_T, BOX_T))
+            _tma_load(sc_desc, [row, col_k + HEAD], ready.index(s),
+                      sc_bufs.index(s * 2).slice(j * BOX_T, BOX_T))
+            _tma_load(sc_desc, [row, col_v + HEAD], ready.index(s),
+                      sc_bufs.index(s * 2 + 1).slice(j * BOX_T, BOX_T))
+
+
+@gluon.jit
+def _rows8(x):
+    """float32 (|x| <= 128) to int8 codes, half up, clamped to +-127 (the Triton pass's
+    _int8_rows)."""
+    return gl.minimum(gl.maximum(gl.floor(x + 0.5), -127.0), 127.0).to(gl.int8)
+
+
+@gluon.jit
+def _scale_column(x, layout: gl.constexpr, sc_layout: gl.constexpr):
+    """Column 0 of a [TILE_N, 4] float32 tile: the scale each row's box starts with."""
+    col = gl.arange(0, 4, layout=gl.SliceLayout(0, sc_layout))
+    return gl.convert_layout(gl.sum(gl.where(col[None, :] == 0, x, 0.0), axis=1), layout)
+
+
+# The scales of a [TILE_N, 16]-byte scale box, read as float32: Triton 3.9 renamed the shared
+# memory view's _reinterpret to reinterpret, so the one this Triton has is compiled in.
+@gluon.jit
+def _scales_old(sc_bufs, idx, TILE_N: gl.constexpr, layout: gl.constexpr):
+    sc_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])
+    f32_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
+                                                  rank=2)
+    x = sc_bufs.index(idx)._reinterpret(gl.float32, [TILE_N, 4], f32_smem).load(sc_layout)
+    return _scale_column(x, layout, sc_layout)
+
+
+@gluon.jit
+def _scales_new(sc_bufs, idx, TILE_N: gl.constexpr, layout: gl.constexpr):
+    sc_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])
+    f32_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
+                                                  rank=2)
+    x = sc_bufs.index(idx).reinterpret(gl.float32, [TILE_N, 4], f32_smem).load(sc_layout)
+    return _scale_column(x, layout, sc_layout)
+
+
+_scales = _scales_new if hasattr(gl.shared_memory_descriptor, "reinterpret") else _scales_old
+
+
+@gluon.jit
+def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, bufs, sc_bufs,
+              vbf, ready, empty, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo,
+              kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
+              NUM_HEADS: gl.constexpr, G: gl.constexpr, WG_Q: gl.constexpr,
+              TILE_N: gl.constexpr, NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr,
+              INT8_QK: gl.constexpr):
+    """The consumer warpgroup: every tile of the segment for 64 query rows (WG_Q tokens x G
+    heads), then the segment's partials as the Triton split pass writes them."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH8, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    # Query rows quantized per row to int8 (two terms with INT8_QK = 2), as _quantize_q.
+    r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
+    d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout))
+    qi = tile_q0 + r // G
+    row_ok = (r < WG_Q * G) & (qi < q_len)
+    q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
+    q_base = q_ptr + q_rows[:, None] + d[None, :]
+    qa = gl.load(q_base, mask=row_ok[:, None], other=0.0).to(gl.float32)
+    qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
+    amax = gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1))
+    inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
+    xa = qa * inv
+    xb = qb * inv
+    ha = _rows8(xa)
+    hb = _rows8(xb)
+    qh_smem.index(0).store(ha)
+    qh_smem.index(1).store(hb)
+    q_sc = amax / 127.0
+    if INT8_QK == 2:
+        ql_smem.index(0).store(_rows8((xa - ha.to(gl.float32)) * 256.0))
+        ql_smem.index(1).store(_rows8((xb - hb.to(gl.float32)) * 256.0))
+        q_sc = q_sc / 256.0
+    fence_async_shared()
+    q_sc = gl.convert_layout(q_sc, gl.SliceLayout(1, s_layout))
+
+    ctx = seq_len - q_len
+    lim_lo = ctx + tile_q0 + 1
+    m_i = gl.full([WG_ROWS], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([WG_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
+    acc0 = gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout)
+    acc1 = gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout)
+    for i in range(n_tiles):
+        s = i % STAGES
+        phase = (i // STAGES) & 1
+        start = kv_lo + i * TILE_N
+        mbarrier.wait(ready.index(s), phase)
+        si = warpgroup_mma(qh_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
+                           use_acc=False, is_async=True)
+        si = warpgroup_mma(qh_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), si,
+                           is_async=True)
+        si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+        if INT8_QK == 2:
+            sl = warpgroup_mma(ql_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
+                               use_acc=False, is_async=True)
+            sl = warpgroup_mma(ql_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), sl,
+                               is_async=True)
+            sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
+            si = si * 256 + sl
+        k_sc = _scales(sc_bufs, s * 2, TILE_N, col_layout)
+        v_sc = _scales(sc_bufs, s * 2 + 1, TILE_N, col_layout)
+        sacc = si.to(gl.float32) * q_sc[:, None] * k_sc[None, :]
+        t = start + gl.arange(0, TILE_N, layout=col_layout)
+        if start + TILE_N > lim_lo:
+            rr = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
+            limit = ctx + tile_q0 + rr // G + 1
+            visible = (t[None, :] < limit[:, None]) & (t[None, :] < kv_hi)
+            sacc = gl.where(visible, sacc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(sacc * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        # An unused slot's scale may be anything: 0 there, so P's zeros stay zeros.
+        v_sc = gl.where(t < kv_hi, v_sc, 0.0)
+        p = gl.convert_layout((p * v_sc[None, :]).to(gl.bfloat16), p_layout)
+        alpha = gl.convert_layout(alpha, row_layout)[:, None]
+        acc0 = acc0 * alpha
+        acc1 = acc1 * alpha
+        # V widened once into the bf16 tile the P.V wgmma reads (int8 codes are exact there).
+        for c in gl.static_range(2):
+            v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
+            vbf.index(c).store(v8.to(gl.bfloat16))
+        fence_async_shared()
+        mbarrier.arrive(empty.index(s), count=1)
+        acc0 = warpgroup_mma(p, vbf.index(0), acc0, is_async=True)
+        acc1 = warpgroup_mma(p, vbf.index(1), acc1, is_async=True)
+        acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+
+    r_o = gl.arange(0, WG_ROWS, layout=row_layout)
+    d_o = gl.arange(0, CH8, layout=gl.SliceLayout(0, o_layout))
+    qi_o = tile_q0 + r_o // G
+    ok_o = (r_o < WG_Q * G) & (qi_o < q_len)
+    part_row = (((seq * max_q + qi_o).to(gl.int64) * NUM_HEADS + kv_head * G + r_o % G)
+                * NUM_SEGMENTS + seg)
+    l_o = gl.convert_layout(l_i, row_layout)
+    gl.store(part_max_ptr + part_row, gl.convert_layout(m_i, row_layout), mask=ok_o)
+    gl.store(part_sum_ptr + part_row, l_o, mask=ok_o)
+    inv_l = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)[:, None]
+    o_base = part_out_ptr + part_row[:, None] * (2 * CH8) + d_o[None, :]
+    gl.store(o_base, acc0 * inv_l, mask=ok_o[:, None])
+    gl.store(o_base + CH8, acc1 * inv_l, mask=ok_o[:, None])
+
+
+@gluon.jit
+def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc, sc_desc,
+                          block_table_ptr, seq_lens_ptr, cu_seqlens_q_ptr, qk_scale,
+                          min_seg_tokens, max_q, stride_q_tok, stride_q_head, stride_bt,
+                          rows_per_block, stride_kv_head,
+                          NUM_HEADS: gl.constexpr, G: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+                          WG_Q: gl.constexpr, TILE_N: gl.constexpr, BOX_T: gl.constexpr,
+                          NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr,
+                          HEAD: gl.constexpr, INT8_QK: gl.constexpr):
+    """Grid (num_seqs, num_kv_heads, NUM_SEGMENTS): one query tile a request (q <= WG_Q),
+    segments split as the Triton split pass splits them."""
+    pid = gl.program_id(0)
+    kv_head = gl.program_id(1)
+    seg = gl.program_id(2)
+    seq = pid
+    tile_q0 = 0
+    q_start = gl.load(cu_seqlens_q_ptr + seq)
+    q_len = gl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    seq_len = gl.load(seq_lens_ptr + seq)
+    per_seg = gl.cdiv(gl.cdiv(seq_len, NUM_SEGMENTS), TILE_N) * TILE_N
+    seg_tokens = gl.maximum(per_seg, min_seg_tokens)
+    kv_lo = seg * seg_tokens
+    tile_rows = gl.minimum(q_len, WG_Q)
+    kv_hi = gl.minimum(kv_lo + seg_tokens, seq_len - q_len + tile_rows)
+    n_tiles = gl.cdiv(kv_hi - kv_lo, TILE_N)
+    if kv_lo >= seq_len:
+        e_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        r = gl.arange(0, WG_ROWS, layout=e_layout)
+        qi = r // G
+        ok = (r < WG_Q * G) & (qi < q_len)
+        row = (((seq * max_q + qi).to(gl.int64) * NUM_HEADS + kv_head * G + r % G)
+               * NUM_SEGMENTS + seg)
+        gl.store(part_max_ptr + row, gl.full([WG_ROWS], -1.0e30, gl.float32, layout=e_layout),
+                 mask=ok)
+        gl.store(part_sum_ptr + row, gl.zeros([WG_ROWS], gl.float32, layout=e_layout), mask=ok)
+    else:
+        layout8: gl.constexpr = desc.layout
+        sc_layout: gl.constexpr = sc_desc.layout
+        q8_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
+                                                       element_bitwidth=8, rank=2)
+        vbf_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
+                                                        element_bitwidth=16, rank=2)
+        bufs = gl.allocate_shared_memory(gl.int8, [STAGES * 4, TILE_N, CH8], layout8)
+        sc_bufs = gl.allocate_shared_memory(gl.int8, [STAGES * 2, TILE_N, SCB], sc_layout)
+        qh = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
+        ql = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
+        vbf = gl.allocate_shared_memory(gl.bfloat16, [2, TILE_N, CH8], vbf_layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        bt_row = block_table_ptr + seq.to(gl.int64) * stride_bt
+        col_k = kv_head * stride_kv_head
+        col_v = col_k + HEAD + 4
+        gl.warp_specialize([
+            (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, bufs, sc_bufs,
+                         vbf, ready, empty, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0,
+                         kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
+                         NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK)),
+            (_loader8, (desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row, kv_lo, kv_hi,
+                        n_tiles, rows_per_block, col_k, col_v, BLOCK_SIZE, TILE_N, BOX_T, HEAD,
+                        STAGES)),
+        ], [1], [LOADER_REGS])
+
+
+# ---- host side -------------------------------------------------------------------------
+
+
+def descriptors(key_cache: Any, box_t: int) -> tuple[Any, Any, int, int]:
+    """TMA descriptors over the whole int8_per_token_head buffer seen as [token rows, bytes of
+    a token row] (key_cache's base is the buffer's: K comes first in each head's row), one for
+    the 128-byte code chunks (128-byte swizzle) and one for the 16-byte scale boxes; and the
+    rows a block and the bytes a head, which the kernel's coordinates need."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    num_blocks, block_size, num_kv_heads, padded = key_cache.shape
+    s_blk, s_slot, s_head = key_cache.stride()[:3]
+    if key_cache.stride(3) != 1 or s_head != 2 * padded or s_slot != num_kv_heads * s_head:
+        raise ValueError("not an int8_per_token_head cache: each (token, head) must hold "
+                         f"[K | K scale | V | V scale] contiguously, strides {key_cache.stride()}")
+    rows_per_block = s_blk // s_slot
+    rows = (num_blocks - 1) * rows_per_block + block_size
+    codes = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    desc = TensorDescriptor(key_cache, [rows, s_slot], [s_slot, 1], [box_t, CH8.value], codes)
+    sc_desc = TensorDescriptor(key_cache, [rows, s_slot], [s_slot, 1], [box_t, SCB.value],
+                               plain)
+    return desc, sc_desc, rows_per_block, s_head
+
+
+def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
+           stages: int) -> None:
+    """The split pass into ``workspace``'s partials (qk_scale includes log2(e)); the tree's
+    reduce pass (launch_reduce with the same plan) turns them into the output."""
+    q, key_cache = batch.query, batch.key_cache
+    num_heads, head_size = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    if head_size != 2 * CH8.value or batch.max_query_len * num_heads // num_kv_heads > 64:
+        raise ValueError("the candidate handles head size 256 and q x G <= 64 rows only")
+    if block_size % BOX_T:
+        raise ValueError(f"cache blocks of {block_size} tokens: the candidate boxes {BOX_T}")
+    desc, sc_desc, rows_per_block, s_head = descriptors(key_cache, BOX_T)
+    grid = (batch.seq_lens.shape[0], num_kv_heads, plan.num_segments)
+    _ws_split_int8_kernel[grid](
+        workspace.part_out, workspace.part_max, workspace.part_sum, q, desc, sc_desc,
+        batch.block_table, batch.seq_lens, batch.cu_seqlens_q, qk_scale,
+        plan.min_segment_tokens, batch.max_query_len, q.stride(0), q.stride(1),
+        batch.block_table.stride(0), rows_per_block, s_head,
+        NUM_HEADS=num_heads, G=num_heads // num_kv_heads, BLOCK_SIZE=block_size,
+        WG_Q=batch.max_query_len, TILE_N=TILE_N, BOX_T=BOX_T,
+        NUM_SEGMENTS=plan.num_segments, STAGES=stages, HEAD=head_size, INT8_QK=int8_qk,
+        num_warps=4, maxnreg=MAXNREG,
+    )
+
+
+def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32) -> Any:
+    """The kernel compiled ahead of time for sm_90a (no GPU): 24/4 heads, head size 256,
+    16-token blocks."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _ws_split_int8_kernel
+    codes = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    signature: dict[str, str] = {}
+    for name in fn.arg_names:
+        if name.startswith("part_"):
+            signature[name] = "*fp32"
+        elif name == "q_ptr":
+            signature[name] = "*bf16"
+        elif name == "desc":
+            signature[name] = f"tensordesc<i8[{BOX_T}, {CH8.value}],{codes!r}>"
+        elif name == "sc_desc":
+            signature[name] = f"tensordesc<i8[{BOX_T}, {SCB.value}],{plain!r}>"
+        elif name.endswith("_ptr"):
+            signature[name] = "*i32"
+        elif name == "qk_scale":
+            signature[name] = "fp32"
+        elif name.startswith("stride_q") or name == "stride_bt":
+            signature[name] = "i64"
+        elif name in ("min_seg_tokens", "max_q", "rows_per_block", "stride_kv_head"):
+            signature[name] = "i32"
+        else:
+            signature[name] = "constexpr"
+    constexprs = {"NUM_HEADS": 24, "G": 6, "BLOCK_SIZE": 16, "WG_Q": q, "TILE_N": TILE_N,
+                  "BOX_T": BOX_T, "NUM_SEGMENTS": segments, "STAGES": stages, "HEAD": 256,
+                  "INT8_QK": int8_qk}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name.endswith("_ptr")}
+    source = GluonASTSource(
+        fn, signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
+    )
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": MAXNREG})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tree", help="directory that contains patched vllm/ (device runs)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile for sm_90a and print the loop's instruction budget")
+    parser.add_argument("--contexts", default="16384,65536,131072")
+    parser.add_argument("--int8-qk", default="1,2", help="comma-separated Q.K modes (1, 2)")
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    modes = [int(m) for m in args.int8_qk.split(",") if m]
+    if args.compile_only:
+        return _print_budget(modes, args.stages, args.json)
+    if not args.tree:
+        parser.error("--tree is needed for a device run")
+    return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c], modes,
+                       args.stages, args.json)
+
+
+def _print_budget(modes: list[int], stages: int, out: Path | None) -> int:
+    """The steady-state loop of each mode, counted as split_pass_issue.py counts the others."""
+    import tempfile
+
+    sys.path.insert(0, str(PYTHON_DIR))
+    sys.path.insert(0, str(HERE))
+    from split_pass_issue import H200_CLOCK_GHZ, H200_SMS, ISSUE_PER_SM, sass_of
+
+    from tests.support.sass_loops import mma_loops
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in modes:
+            compiled = compile_sm90(mode, stages)
+            loops = mma_loops(sass_of(compiled.asm["cubin"], Path(tmp)))
+            if len(loops) != 1:
+                raise RuntimeError(f"int8_qk={mode}: {len(loops)} MMA loops, expected the "
+                                   "consumer's one")
+            per_token = loops[0].instructions * 4 / TILE_N
+            # The loop's issue floor at 64k (batch 1, 4 KV heads) on the H200.
+            issue_us = per_token * 65536 * 4 / (H200_SMS * ISSUE_PER_SM * H200_CLOCK_GHZ * 1e3)
+            rows.append({"int8_qk": mode, "stages": stages, "shared": compiled.metadata.shared,
+                         "loop_insts_per_warp": loops[0].instructions,
+                         "warp_insts_per_token": per_token, "mma_per_warp": loops[0].mma,
+                         "classes": loops[0].classes(), "issue_floor_us_64k": issue_us})
+            print(json.dumps(rows[-1]), flush=True)
+    if out:
+        out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _device_run(tree: str, contexts: list[int], modes: list[int], stages: int,
+                out: Path | None) -> int:
+    """On an H200: every KV head's output against the float32 reference, then the candidate
+    (split + the tree's reduce) and the production int8 plan timed side by side, q = 8."""
+    sys.path.insert(0, tree)
+    sys.path.insert(1, str(PYTHON_DIR))
+    sys.path.insert(2, str(HERE))
+    import spec_decode_attn as bench
+    import torch
+
+    from tests.support import spec_decode_ref as ref
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print("needs an sm_90 GPU (H100/H200)", file=sys.stderr)
+        return 2
+    sda = importlib.import_module("vllm.v1.attention.ops.spec_decode_attention")
+    bench.KV = "int8"
+    env = {"torch": torch, "ref": ref, "sda": sda}
+    heads = bench.NUM_KV_HEADS * bench.GROUP
+    ws = sda.get_workspace(64, heads, bench.HEAD_SIZE, torch.device("cuda"))
+    copy_bw = bench.measure_copy_bandwidth(torch)
+    scale = bench.HEAD_SIZE**-0.5
+    q = 8
+    tiles = sda.TILE_PLANS["int8"]
+    prod_plan = sda.plan_launch(1, q, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
+                                kernel="triton", **tiles.plan_overrides())
+    # Segments as the Hopper planner splits 64-key tiles (its reduce pass reads them).
+    cand_plan = sda.plan_launch(1, q, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
+                                kernel="hopper") if ws.hopper else None
+    if cand_plan is None or cand_plan.tile_n != TILE_N:
+        print(f"the planner gave no 64-key Hopper plan ({cand_plan})", file=sys.stderr)
+        return 2
+    rows = []
+    for ctx in contexts:
+        cell = bench.Cell(env, 1, ctx)
+        batches = cell.batches(q)
+        want = ref.reference(batches[0], scale)
+        prod_outs = [torch.empty_like(b.query) for b in batches]
+        prod_calls = [bench.split_reduce_calls(env, b, o, ws, prod_plan, tiles)[0]
+                      for b, o in zip(batches, prod_outs, strict=True)]
+        t_prod = bench._time_graph(torch, prod_calls)
+        prod_err = ref.compare(prod_outs[0], want, batches[0])
+        row: dict[str, Any] = {"context": ctx, "q": q, "production_us": t_prod * 1e6,
+                               "production_rel_err": prod_err["rel_err"],
+                               "floor_us": cell.kv_bytes / copy_bw * 1e6}
+        for mode in modes:
+            outs = [torch.full(b.query.shape, float("nan"), dtype=torch.bfloat16,
+                               device="cuda") for b in batches]
+
+            def call(b: Any, o: Any, mode: int = mode) -> None:
+                launch(b, ws, cand_plan, scale * 1.4426950408889634, mode, stages)
+                sda.launch_reduce(o, b.cu_seqlens_q, b.max_query_len, ws, cand_plan)
+
+            try:
+                call(batches[0], outs[0])
+                torch.cuda.synchronize()
+                err = ref.compare(outs[0], want, batches[0])
+                # Per KV head: a misread box shows on the heads whose rows are misaligned.
+                per_head = [float((outs[0][:, h * bench.GROUP:(h + 1) * bench.GROUP].float()
+                                   - want[:, h * bench.GROUP:(h + 1) * bench.GROUP]).norm()
+                                  / want[:, h * bench.GROUP:(h + 1) * bench.GROUP].norm())
+                            for h in range(bench.NUM_KV_HEADS)]
+                t = bench._time_graph(torch, [functools.partial(call, b, o)
+                                              for b, o in zip(batches, outs, strict=True)])
+                row[f"qk{mode}"] = {"us": t * 1e6, "rel_err": err["rel_err"],
+                                    "unwritten": err["unwritten_rows"],
+                                    "rel_err_per_kv_head": per_head,
+                                    "pct_floor": 100 * row["floor_us"] / (t * 1e6),
+                                    "vs_production": t_prod / t}
+            except Exception as exc:  # the first GPU run: record, go on
+                row[f"qk{mode}"] = {"error": bench.error_text(exc)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if out:
+        out.write_text(json.dumps({"triton": importlib.import_module("triton").__version__,
+                                   "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    sys.exit(main())
