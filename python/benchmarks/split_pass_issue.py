@@ -14,8 +14,11 @@ From that it derives, per context, two times that bound the kernel from below:
   heads), issued at 4 per cycle on each of ``--sms`` multiprocessors at ``--clock-ghz``.
 and the IPC (warp instructions per cycle per multiprocessor, at most 4) the loop would have
 to sustain for the call to reach a share of the HBM floor (issue 21's 40 % at 16k and 60 %
-at 64k-128k). Only the loop is counted: prologue, epilogue, the loader warp of the Gluon
-pass and the reduce pass come on top, so the true requirement is higher still.
+at 64k-128k). The count is static: a block inside the loop that a predicated branch can jump
+over (the Gluon pass builds its causal mask inside its one loop) is counted too, and shown
+apart as the loop's guarded instructions. Only the loop is counted: prologue, epilogue, the
+loader warp of the Gluon pass and the reduce pass come on top, so the true requirement is
+higher still.
 
     python benchmarks/split_pass_issue.py --tree DIR [--json OUT] [--queries 8,16]
 
@@ -146,6 +149,9 @@ def budget_row(config: Config, q: int, workdir: Path, sms: int, clock_ghz: float
         "loops_found": [loop.instructions for loop in found],
         # Summed over the consumer partitions (each run by its own warps).
         "loop_insts_per_warp": per_warp, "mma_per_warp": sum(loop.mma for loop in chosen),
+        # Of those, what a predicated forward branch can skip (a mask built on some tiles
+        # only): when not 0, the count is an upper bound on what a steady tile issues.
+        "loop_insts_guarded": sum(loop.guarded for loop in chosen),
         "warp_insts_per_token": per_token, "classes": classes,
         "top_opcodes": dict(sorted(opcodes.items(), key=lambda kv: -kv[1])[:12]),
         "contexts": contexts,
@@ -153,7 +159,7 @@ def budget_row(config: Config, q: int, workdir: Path, sms: int, clock_ghz: float
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("\n| config | q | tile | warps | loop insts a warp | warp insts a token | "
+    print("\n| config | q | tile | warps | loop insts a warp (guarded) | warp insts a token | "
           "copy / shared / convert / integer / softmax / mma / other |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
@@ -161,7 +167,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         mix = " / ".join(str(c[k]) for k in ("copy", "shared", "convert", "integer", "softmax",
                                                "mma", "other"))
         print(f"| {r['config']} | {r['q']} | {r['tile_n']} | {r['warps']} | "
-              f"{r['loop_insts_per_warp']} | {r['warp_insts_per_token']:.0f} | {mix} |")
+              f"{r['loop_insts_per_warp']} ({r['loop_insts_guarded']}) | "
+              f"{r['warp_insts_per_token']:.0f} | {mix} |")
     print("\n| config | q | " + " | ".join(
         f"{ctx // 1024}k: HBM floor / issue floor µs, IPC for {int(100 * t)} %"
         for ctx, t in TARGETS.items()) + " |")
@@ -209,7 +216,8 @@ def main() -> int:
             row = budget_row(config, q, workdir, args.sms, args.clock_ghz, args.bandwidth_tbs)
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("config", "q", "loops_found",
-                                                  "loop_insts_per_warp", "top_opcodes")}),
+                                                  "loop_insts_per_warp", "loop_insts_guarded",
+                                                  "top_opcodes")}),
                   flush=True)
     print_table(rows)
     if args.json:

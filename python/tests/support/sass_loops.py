@@ -6,6 +6,11 @@ puts the retry stubs of mbarrier waits, which jump back into a loop from outside
 steady state of an attention kernel is the innermost loop holding an MMA (one holding no
 other such loop); a Triton split pass has two, the unmasked one and the masked tail, and a
 warp-specialised kernel one per consumer partition.
+
+A loop's count is static: a block inside it that a predicated forward branch can jump over
+(a causal mask built only on the last tiles, say) counts although most trips skip it. Such
+blocks are counted apart as the loop's ``guarded`` instructions, so a reader knows when the
+count is exact (none) and when it is an upper bound.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ OPCODE_CLASSES: dict[str, frozenset[str]] = {
 }
 
 _INSTRUCTION = re.compile(
-    r"^\s*/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)"
+    r"^\s*/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<pred>@!?U?P[T\d]+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)"
     r"(?P<rest>[^;]*);")
 _TARGET = re.compile(r"0x([0-9a-f]+)")
 
@@ -44,6 +49,7 @@ class Instruction:
     addr: int
     opcode: str  # without its modifiers: "HGMMA" for "HGMMA.64x64x16.F32.BF16"
     text: str
+    predicated: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,9 @@ class Loop:
     start: int
     end: int  # the backward branch's address
     opcodes: Counter[str]
+    # Instructions a predicated forward branch inside the loop can skip (its target also
+    # inside the loop): counted in opcodes, but not run on every trip.
+    guarded: int = 0
 
     @property
     def instructions(self) -> int:
@@ -79,7 +88,7 @@ def parse_sass(text: str) -> list[Instruction]:
         m = _INSTRUCTION.match(line)
         if m:
             out.append(Instruction(int(m["addr"], 16), m["op"].split(".")[0],
-                                   m["op"] + m["rest"]))
+                                   m["op"] + m["rest"], predicated=m["pred"] is not None))
     if not out:
         raise ValueError("no SASS instruction found: is this cuobjdump -sass output?")
     return out
@@ -99,9 +108,27 @@ def loops(instructions: list[Instruction]) -> list[Loop]:
         if target is None or int(target.group(1), 16) >= ins.addr:
             continue
         start = int(target.group(1), 16)
-        body = Counter(i.opcode for i in instructions if start <= i.addr <= ins.addr)
-        found.append(Loop(start, ins.addr, body))
+        inside = [i for i in instructions if start <= i.addr <= ins.addr]
+        found.append(Loop(start, ins.addr, Counter(i.opcode for i in inside),
+                          len(_guarded(inside, ins.addr))))
     return found
+
+
+def _guarded(inside: list[Instruction], end: int) -> set[int]:
+    """Addresses a predicated forward branch among ``inside`` can jump over, its target at or
+    before the loop's last instruction (branches out of the loop, to mbarrier retry stubs or
+    the exit, leave the loop's trips as they are)."""
+    skipped: set[int] = set()
+    for ins in inside:
+        if ins.opcode != "BRA" or not ins.predicated:
+            continue
+        target = _TARGET.search(ins.text)
+        if target is None:
+            continue
+        to = int(target.group(1), 16)
+        if ins.addr < to <= end:
+            skipped.update(i.addr for i in inside if ins.addr < i.addr < to)
+    return skipped
 
 
 def mma_loops(text: str) -> list[Loop]:

@@ -53,6 +53,7 @@ def test_the_steady_state_loops_are_the_innermost_holding_an_mma() -> None:
     assert [(loop.start, loop.end) for loop in found] == [(0x40, 0xC0), (0xD0, 0x130)]
     main, tail = found
     assert main.instructions == 9 and tail.instructions == 7
+    assert main.guarded == 0 and tail.guarded == 0
     assert main.mma == 1 and main.opcodes["HGMMA"] == 1 and main.opcodes["BRA"] == 2
     classes = main.classes()
     assert classes["copy"] == 1 and classes["mma"] == 1 and classes["softmax"] == 2
@@ -65,6 +66,34 @@ def test_a_loop_inside_an_mma_loop_makes_the_inner_one_the_steady_state() -> Non
                            "/*0140*/                   @P3 BRA 0x0")
     found = mma_loops(outer)
     assert [(loop.start, loop.end) for loop in found] == [(0x40, 0xC0), (0xD0, 0x130)]
+
+
+# One loop (0x0010-0x0090) with a mask block that a predicated forward branch jumps over
+# (0x0040-0x0050), and a predicated branch out of the loop to a retry stub after EXIT.
+GUARDED = _sass([
+    (0x0000, "MOV R3, RZ"),
+    (0x0010, "HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT"),
+    (0x0020, "ISETP.GE.AND P2, PT, R3, R5, PT"),
+    (0x0030, "@!P2 BRA 0x60"),
+    (0x0040, "FSEL R8, R8, -INF, P2"),
+    (0x0050, "FSEL R9, R9, -INF, P2"),
+    (0x0060, "FMUL R8, R8, R9"),
+    (0x0070, "@!P1 BRA 0xb0"),
+    (0x0080, "IADD3 R3, R3, 0x1, RZ"),
+    (0x0090, "@!P0 BRA 0x10"),
+    (0x00a0, "EXIT"),
+    (0x00b0, "BRA 0x80"),
+])
+
+
+def test_a_block_a_forward_branch_skips_is_counted_as_guarded() -> None:
+    (loop,) = mma_loops(GUARDED)
+    assert (loop.start, loop.end, loop.instructions) == (0x10, 0x90, 9)
+    # The two FSELs; not what the branch out of the loop passes over.
+    assert loop.guarded == 2
+    # The same jump made unconditional is an always-taken skip, not a guard.
+    assert mma_loops(GUARDED.replace("@!P2 BRA 0x60", "BRA 0x60"))[0].guarded == 0
+    assert parse_sass(GUARDED)[3].predicated and not parse_sass(GUARDED)[0].predicated
 
 
 def test_sass_without_an_mma_loop_or_exit_is_refused() -> None:
