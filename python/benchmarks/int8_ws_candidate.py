@@ -141,6 +141,63 @@ _scales = _scales_new if hasattr(gl.shared_memory_descriptor, "reinterpret") els
 
 
 @gluon.jit
+def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, i, kv_lo, kv_hi, ctx, tile_q0,
+           q_sc, m_i, l_i, acc0, acc1, qk_scale, G: gl.constexpr, TILE_N: gl.constexpr,
+           STAGES: gl.constexpr, INT8_QK: gl.constexpr, MASKED: gl.constexpr,
+           s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+           ld_layout: gl.constexpr):
+    """One tile of the segment: Q.K, the online softmax and P.V. MASKED builds the causal and
+    segment-end mask; the caller passes False only for tiles every row sees whole."""
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    s = i % STAGES
+    start = kv_lo + i * TILE_N
+    s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    si = warpgroup_mma(qh_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
+                       use_acc=False, is_async=True)
+    si = warpgroup_mma(qh_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), si,
+                       is_async=True)
+    si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+    if INT8_QK == 2:
+        sl = warpgroup_mma(ql_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
+                           use_acc=False, is_async=True)
+        sl = warpgroup_mma(ql_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), sl,
+                           is_async=True)
+        sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
+        si = si * 256 + sl
+    k_sc = _scales(sc_bufs, s * 2, TILE_N, col_layout)
+    v_sc = _scales(sc_bufs, s * 2 + 1, TILE_N, col_layout)
+    sacc = si.to(gl.float32) * q_sc[:, None] * k_sc[None, :]
+    if MASKED:
+        t = start + gl.arange(0, TILE_N, layout=col_layout)
+        rr = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
+        limit = ctx + tile_q0 + rr // G + 1
+        visible = (t[None, :] < limit[:, None]) & (t[None, :] < kv_hi)
+        sacc = gl.where(visible, sacc, float("-inf"))
+        # A slot past the segment's end may hold any scale: 0 there, so P's zeros stay zeros.
+        v_sc = gl.where(t < kv_hi, v_sc, 0.0)
+    m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(sacc * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    p = gl.convert_layout((p * v_sc[None, :]).to(gl.bfloat16), p_layout)
+    alpha = gl.convert_layout(alpha, row_layout)[:, None]
+    acc0 = acc0 * alpha
+    acc1 = acc1 * alpha
+    # V widened once into the bf16 tile the P.V wgmma reads (int8 codes are exact there).
+    for c in gl.static_range(2):
+        v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
+        vbf.index(c).store(v8.to(gl.bfloat16))
+    fence_async_shared()
+    mbarrier.arrive(empty.index(s), count=1)
+    acc0 = warpgroup_mma(p, vbf.index(0), acc0, is_async=True)
+    acc1 = warpgroup_mma(p, vbf.index(1), acc1, is_async=True)
+    acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+    return m_new, l_i, acc0, acc1
+
+
+@gluon.jit
 def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, bufs, sc_bufs,
               vbf, ready, empty, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo,
               kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
@@ -156,7 +213,6 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
     # Query rows quantized per row to int8 (two terms with INT8_QK = 2), as _quantize_q.
     r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
@@ -184,58 +240,25 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     q_sc = gl.convert_layout(q_sc, gl.SliceLayout(1, s_layout))
 
     ctx = seq_len - q_len
-    lim_lo = ctx + tile_q0 + 1
     m_i = gl.full([WG_ROWS], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([WG_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
     acc0 = gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout)
     acc1 = gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout)
-    for i in range(n_tiles):
-        s = i % STAGES
-        phase = (i // STAGES) & 1
-        start = kv_lo + i * TILE_N
-        mbarrier.wait(ready.index(s), phase)
-        si = warpgroup_mma(qh_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
-                           use_acc=False, is_async=True)
-        si = warpgroup_mma(qh_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), si,
-                           is_async=True)
-        si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
-        if INT8_QK == 2:
-            sl = warpgroup_mma(ql_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
-                               use_acc=False, is_async=True)
-            sl = warpgroup_mma(ql_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), sl,
-                               is_async=True)
-            sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
-            si = si * 256 + sl
-        k_sc = _scales(sc_bufs, s * 2, TILE_N, col_layout)
-        v_sc = _scales(sc_bufs, s * 2 + 1, TILE_N, col_layout)
-        sacc = si.to(gl.float32) * q_sc[:, None] * k_sc[None, :]
-        t = start + gl.arange(0, TILE_N, layout=col_layout)
-        if start + TILE_N > lim_lo:
-            rr = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
-            limit = ctx + tile_q0 + rr // G + 1
-            visible = (t[None, :] < limit[:, None]) & (t[None, :] < kv_hi)
-            sacc = gl.where(visible, sacc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * qk_scale)
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(sacc * qk_scale - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        # An unused slot's scale may be anything: 0 there, so P's zeros stay zeros.
-        v_sc = gl.where(t < kv_hi, v_sc, 0.0)
-        p = gl.convert_layout((p * v_sc[None, :]).to(gl.bfloat16), p_layout)
-        alpha = gl.convert_layout(alpha, row_layout)[:, None]
-        acc0 = acc0 * alpha
-        acc1 = acc1 * alpha
-        # V widened once into the bf16 tile the P.V wgmma reads (int8 codes are exact there).
-        for c in gl.static_range(2):
-            v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
-            vbf.index(c).store(v8.to(gl.bfloat16))
-        fence_async_shared()
-        mbarrier.arrive(empty.index(s), count=1)
-        acc0 = warpgroup_mma(p, vbf.index(0), acc0, is_async=True)
-        acc1 = warpgroup_mma(p, vbf.index(1), acc1, is_async=True)
-        acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+    # The tiles every row sees whole (before the first row's causal limit and inside the
+    # segment) run without a mask; only the tail tiles build one. The steady loop then holds
+    # no masking block, and its compiled size is what each of its tiles issues.
+    n_full = gl.minimum(gl.maximum(gl.minimum(ctx + tile_q0 + 1, kv_hi) - kv_lo, 0) // TILE_N,
+                        n_tiles)
+    for i in range(n_full):
+        m_i, l_i, acc0, acc1 = _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, i,
+                                      kv_lo, kv_hi, ctx, tile_q0, q_sc, m_i, l_i, acc0, acc1,
+                                      qk_scale, G, TILE_N, STAGES, INT8_QK, False, s_layout,
+                                      o_layout, p_layout, ld_layout)
+    for i in range(n_full, n_tiles):
+        m_i, l_i, acc0, acc1 = _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, i,
+                                      kv_lo, kv_hi, ctx, tile_q0, q_sc, m_i, l_i, acc0, acc1,
+                                      qk_scale, G, TILE_N, STAGES, INT8_QK, True, s_layout,
+                                      o_layout, p_layout, ld_layout)
 
     r_o = gl.arange(0, WG_ROWS, layout=row_layout)
     d_o = gl.arange(0, CH8, layout=gl.SliceLayout(0, o_layout))
@@ -445,16 +468,23 @@ def _print_budget(modes: list[int], stages: int, out: Path | None) -> int:
         for mode in modes:
             compiled = compile_sm90(mode, stages)
             loops = mma_loops(sass_of(compiled.asm["cubin"], Path(tmp)))
-            if len(loops) != 1:
+            if len(loops) != 2:
                 raise RuntimeError(f"int8_qk={mode}: {len(loops)} MMA loops, expected the "
-                                   "consumer's one")
-            per_token = loops[0].instructions * 4 / TILE_N
+                                   "consumer's two (whole tiles, then the masked tail)")
+            # The whole-tile loop comes first and is the smaller: it builds no mask.
+            steady, tail = loops
+            if steady.instructions >= tail.instructions:
+                raise RuntimeError(f"int8_qk={mode}: the first loop ({steady.instructions}) is "
+                                   f"not smaller than the tail ({tail.instructions})")
+            per_token = steady.instructions * 4 / TILE_N
             # The loop's issue floor at 64k (batch 1, 4 KV heads) on the H200.
             issue_us = per_token * 65536 * 4 / (H200_SMS * ISSUE_PER_SM * H200_CLOCK_GHZ * 1e3)
             rows.append({"int8_qk": mode, "stages": stages, "shared": compiled.metadata.shared,
-                         "loop_insts_per_warp": loops[0].instructions,
-                         "warp_insts_per_token": per_token, "mma_per_warp": loops[0].mma,
-                         "classes": loops[0].classes(), "issue_floor_us_64k": issue_us})
+                         "loop_insts_per_warp": steady.instructions,
+                         "tail_loop_insts_per_warp": tail.instructions,
+                         "loop_insts_guarded": steady.guarded,
+                         "warp_insts_per_token": per_token, "mma_per_warp": steady.mma,
+                         "classes": steady.classes(), "issue_floor_us_64k": issue_us})
             print(json.dumps(rows[-1]), flush=True)
     if out:
         out.write_text(json.dumps(rows, indent=1))

@@ -469,8 +469,11 @@ def test_issue_budget_reads_the_steady_state_loop_of_each_split_pass(
         if r["kernel"] == "hopper":
             assert len(found) == (1 if q == 8 else 2), r  # its consumer warpgroups
             assert r["loop_insts_per_warp"] == sum(found)
+            # Its one loop builds the causal mask behind a branch: an upper bound.
+            assert 0 < r["loop_insts_guarded"] < r["loop_insts_per_warp"] // 2, r
         else:
             assert len(found) == 2 and r["loop_insts_per_warp"] == min(found), r
+            assert r["loop_insts_guarded"] == 0, r  # the unmasked loop: exact
         assert r["mma_per_warp"] > 0 and sum(r["classes"].values()) == r["loop_insts_per_warp"]
         # Every warp runs its partition's loop once a tile (a warpgroup is 4 warps).
         per_tile = sum(found) * 4 if r["kernel"] == "hopper" else min(found) * r["warps"]
@@ -491,9 +494,10 @@ def test_issue_budget_reads_the_steady_state_loop_of_each_split_pass(
 @pytest.mark.patch
 def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -> None:
     """benchmarks/int8_ws_candidate.py (issue 21's warp-specialised int8 split pass, not in
-    the series) compiles for sm_90a with this Triton, and its consumer's per-tile loop, the
-    one loop holding an MMA, issues no global copy (the loader warp's TMA does them) and at
-    most BUDGET_WARP_INSTS_PER_TOKEN warp instructions a KV token, in both Q.K modes."""
+    the series) compiles for sm_90a with this Triton, and its consumer's whole-tile loop (the
+    first of its two MMA loops; the masked tail is the second) holds no block a branch skips,
+    issues no global copy (the loader warp's TMA does them) and at most
+    BUDGET_WARP_INSTS_PER_TOKEN warp instructions a KV token, in both Q.K modes."""
     out = tmp_path / "candidate.json"
     script = worker.BENCH_DIR / "int8_ws_candidate.py"
     proc = subprocess.run([sys.executable, str(script), "--compile-only", "--json", str(out)],
@@ -505,6 +509,9 @@ def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -
                       if line.startswith("BUDGET_WARP_INSTS_PER_TOKEN")))
     for mode, r in rows.items():
         assert r["classes"]["copy"] == 0, r
+        # The whole-tile loop builds no mask: its count is what each of its trips issues.
+        assert r["loop_insts_guarded"] == 0, r
+        assert r["tail_loop_insts_per_warp"] > r["loop_insts_per_warp"], r
         assert r["warp_insts_per_token"] == pytest.approx(r["loop_insts_per_warp"] * 4 / 64)
         assert r["warp_insts_per_token"] <= budget, r
         assert r["shared"] <= 227 << 10, r
