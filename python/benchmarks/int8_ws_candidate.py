@@ -17,6 +17,13 @@ reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. He
 - V's rows are not K-major for P.V, so V is widened once per tile into a bf16 tile in shared
   memory (int8 codes are exact in bf16) and its per-token scale is folded into P's columns,
   as the Triton pass does.
+- q x G over 64 rows (q = 16 at G = 6) takes two consumer warpgroups over the same tiles,
+  the tokens split evenly; each widens half of V for both (an mbarrier a stage says both
+  halves are there), so the widening is not paid twice.
+- each warpgroup runs whole tiles in a loop with no mask and the tiles that need one in a
+  second loop, so the first loop's compiled size is what a steady tile issues.
+- LAZY (optional) rescales the accumulator only when a row's maximum passes its reference by
+  more than RESCALE_LOG2, instead of on every tile.
 
 Unverified on a GPU, and one question only a GPU answers: TMA is asked for boxes whose first
 column is not 16-byte aligned (a head's K starts 8 bytes past a 16-byte boundary for odd
@@ -29,8 +36,10 @@ Its online softmax, epilogue and compile signature repeat spec_decode_attention_
 and the compile report's on purpose: the candidate compiles without a patched tree. Once
 the H200 has checked it, it moves into that module and shares them.
 
-    python benchmarks/int8_ws_candidate.py --compile-only        # any machine: the loop budget
-    python benchmarks/int8_ws_candidate.py --tree DIR [--json OUT] # an H200: errors and times
+    python benchmarks/int8_ws_candidate.py --compile-only [--queries 8,16] [--json OUT]
+    python benchmarks/int8_ws_candidate.py --tree DIR [--json OUT]   # an H200: errors, times
+
+Both take --int8-qk 1,2 and --lazy 0,1 (every combination is compiled, or checked and timed).
 """
 
 from __future__ import annotations
@@ -66,7 +75,12 @@ SCB = gl.constexpr(16)  # bytes of a scale box (the 4 scale bytes and what follo
 # Registers a thread over the launch (5 warps), and the loader warp's share after setmaxnreg.
 MAXNREG = 168
 LOADER_REGS = gl.constexpr(24)
+# The second consumer warpgroup's registers (a worker partition), as the bf16 Gluon pass gives.
+CONSUMER_REGS = gl.constexpr(240)
 TILE_N = 64  # keys a tile
+# With the lazy rescale: how far (log2) a row's maximum may pass its reference before the
+# accumulator is rescaled.
+RESCALE_LOG2 = gl.constexpr(8.0)
 # Warp instructions a KV token the consumer's loop may cost: at the IPC the H200 ran the split
 # passes at (about 1.4), 60 % of the int8 floor at 64k-128k allows about 74
 # (spec_decode_attn.md, "What a tile costs in instructions").
@@ -139,21 +153,27 @@ def _scales_new(sc_bufs, idx, TILE_N: gl.constexpr, layout: gl.constexpr):
 
 _scales = _scales_new if hasattr(gl.shared_memory_descriptor, "reinterpret") else _scales_old
 
+# A barrier over the calling partition's threads: Triton 3.9 calls it barrier, 3.6 and 3.7
+# thread_barrier.
+_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
 
 @gluon.jit
-def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, i, kv_lo, kv_hi, ctx, tile_q0,
-           q_sc, m_i, l_i, acc0, acc1, qk_scale, G: gl.constexpr, TILE_N: gl.constexpr,
+def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, widened, i, kv_lo, kv_hi, ctx,
+           qi0, q_sc, m_i, l_i, acc0, acc1, qk_scale, G: gl.constexpr, TILE_N: gl.constexpr,
            STAGES: gl.constexpr, INT8_QK: gl.constexpr, MASKED: gl.constexpr,
-           s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-           ld_layout: gl.constexpr):
-    """One tile of the segment: Q.K, the online softmax and P.V. MASKED builds the causal and
-    segment-end mask; the caller passes False only for tiles every row sees whole."""
+           LAZY: gl.constexpr, W: gl.constexpr, NUM_WG: gl.constexpr, s_layout: gl.constexpr,
+           o_layout: gl.constexpr, p_layout: gl.constexpr, ld_layout: gl.constexpr):
+    """One tile of the segment for warpgroup W: Q.K, the online softmax and P.V. MASKED
+    builds the causal and segment-end mask; the caller passes False only for tiles every row
+    of the warpgroup sees whole."""
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     s = i % STAGES
+    phase = (i // STAGES) & 1
     start = kv_lo + i * TILE_N
     s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
-    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    mbarrier.wait(ready.index(s), phase)
     si = warpgroup_mma(qh_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
                        use_acc=False, is_async=True)
     si = warpgroup_mma(qh_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), si,
@@ -172,40 +192,74 @@ def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, i, kv_lo, kv_hi, 
     if MASKED:
         t = start + gl.arange(0, TILE_N, layout=col_layout)
         rr = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
-        limit = ctx + tile_q0 + rr // G + 1
+        limit = ctx + qi0 + rr // G + 1
         visible = (t[None, :] < limit[:, None]) & (t[None, :] < kv_hi)
         sacc = gl.where(visible, sacc, float("-inf"))
         # A slot past the segment's end may hold any scale: 0 there, so P's zeros stay zeros.
         v_sc = gl.where(t < kv_hi, v_sc, 0.0)
     m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * qk_scale)
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(sacc * qk_scale - m_new[:, None])
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    if LAZY:
+        # The rows keep their reference maximum until one of them grows past it by more than
+        # RESCALE_LOG2 (P stays below 2**RESCALE_LOG2 meanwhile, well inside bf16): the
+        # accumulator's rescale, 128 FMULs a thread, then runs on few tiles. Exact either way:
+        # m_i, l_i and the accumulator always share one reference.
+        if gl.max(m_new - m_i, axis=0) > RESCALE_LOG2:
+            alpha = gl.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            a = gl.convert_layout(alpha, row_layout)[:, None]
+            acc0 = acc0 * a
+            acc1 = acc1 * a
+            m_i = m_new
+        p = gl.exp2(sacc * qk_scale - m_i[:, None])
+        l_i = l_i + gl.sum(p, axis=1)
+        m_new = m_i
+    else:
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(sacc * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        a = gl.convert_layout(alpha, row_layout)[:, None]
+        acc0 = acc0 * a
+        acc1 = acc1 * a
     p = gl.convert_layout((p * v_sc[None, :]).to(gl.bfloat16), p_layout)
-    alpha = gl.convert_layout(alpha, row_layout)[:, None]
-    acc0 = acc0 * alpha
-    acc1 = acc1 * alpha
-    # V widened once into the bf16 tile the P.V wgmma reads (int8 codes are exact there).
-    for c in gl.static_range(2):
-        v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
-        vbf.index(c).store(v8.to(gl.bfloat16))
-    fence_async_shared()
-    mbarrier.arrive(empty.index(s), count=1)
-    acc0 = warpgroup_mma(p, vbf.index(0), acc0, is_async=True)
-    acc1 = warpgroup_mma(p, vbf.index(1), acc1, is_async=True)
-    acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+    if NUM_WG == 1:
+        # V widened once into the bf16 tile the P.V wgmma reads (int8 codes are exact there);
+        # the int8 stage is free once it is read.
+        for c in gl.static_range(2):
+            v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
+            vbf.index(c).store(v8.to(gl.bfloat16))
+        fence_async_shared()
+        mbarrier.arrive(empty.index(s), count=1)
+        acc0 = warpgroup_mma(p, vbf.index(0), acc0, is_async=True)
+        acc1 = warpgroup_mma(p, vbf.index(1), acc1, is_async=True)
+        acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+    else:
+        # Two warpgroups share the widening: W widens V's chunk W into this stage's bf16
+        # tile, and both wait for both halves. The stage (codes and bf16 tile) is released
+        # only after this warpgroup's P.V has read it.
+        v8 = bufs.index(s * 4 + 2 + W).load(ld_layout)
+        vbf.index(s * 2 + W).store(v8.to(gl.bfloat16))
+        fence_async_shared()
+        _partition_barrier()
+        mbarrier.arrive(widened.index(s), count=1)
+        mbarrier.wait(widened.index(s), phase)
+        acc0 = warpgroup_mma(p, vbf.index(s * 2), acc0, is_async=True)
+        acc1 = warpgroup_mma(p, vbf.index(s * 2 + 1), acc1, is_async=True)
+        acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+        mbarrier.arrive(empty.index(s), count=1)
     return m_new, l_i, acc0, acc1
 
 
 @gluon.jit
 def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, bufs, sc_bufs,
-              vbf, ready, empty, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo,
-              kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
+              vbf, ready, empty, widened, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0,
+              kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
               NUM_HEADS: gl.constexpr, G: gl.constexpr, WG_Q: gl.constexpr,
               TILE_N: gl.constexpr, NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr,
-              INT8_QK: gl.constexpr):
-    """The consumer warpgroup: every tile of the segment for 64 query rows (WG_Q tokens x G
-    heads), then the segment's partials as the Triton split pass writes them."""
+              INT8_QK: gl.constexpr, LAZY: gl.constexpr, W: gl.constexpr,
+              NUM_WG: gl.constexpr):
+    """Consumer warpgroup W: every tile of the segment for its 64 query rows (WG_Q tokens x
+    G heads from token tile_q0 + W * WG_Q), then the segment's partials as the Triton split
+    pass writes them."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -215,9 +269,10 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     # Query rows quantized per row to int8 (two terms with INT8_QK = 2), as _quantize_q.
+    qi0 = tile_q0 + W * WG_Q
     r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
     d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout))
-    qi = tile_q0 + r // G
+    qi = qi0 + r // G
     row_ok = (r < WG_Q * G) & (qi < q_len)
     q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
     q_base = q_ptr + q_rows[:, None] + d[None, :]
@@ -247,22 +302,22 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # The tiles every row sees whole (before the first row's causal limit and inside the
     # segment) run without a mask; only the tail tiles build one. The steady loop then holds
     # no masking block, and its compiled size is what each of its tiles issues.
-    n_full = gl.minimum(gl.maximum(gl.minimum(ctx + tile_q0 + 1, kv_hi) - kv_lo, 0) // TILE_N,
+    n_full = gl.minimum(gl.maximum(gl.minimum(ctx + qi0 + 1, kv_hi) - kv_lo, 0) // TILE_N,
                         n_tiles)
     for i in range(n_full):
-        m_i, l_i, acc0, acc1 = _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, i,
-                                      kv_lo, kv_hi, ctx, tile_q0, q_sc, m_i, l_i, acc0, acc1,
-                                      qk_scale, G, TILE_N, STAGES, INT8_QK, False, s_layout,
-                                      o_layout, p_layout, ld_layout)
+        m_i, l_i, acc0, acc1 = _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty,
+                                      widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, m_i, l_i,
+                                      acc0, acc1, qk_scale, G, TILE_N, STAGES, INT8_QK, False,
+                                      LAZY, W, NUM_WG, s_layout, o_layout, p_layout, ld_layout)
     for i in range(n_full, n_tiles):
-        m_i, l_i, acc0, acc1 = _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, i,
-                                      kv_lo, kv_hi, ctx, tile_q0, q_sc, m_i, l_i, acc0, acc1,
-                                      qk_scale, G, TILE_N, STAGES, INT8_QK, True, s_layout,
-                                      o_layout, p_layout, ld_layout)
+        m_i, l_i, acc0, acc1 = _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty,
+                                      widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, m_i, l_i,
+                                      acc0, acc1, qk_scale, G, TILE_N, STAGES, INT8_QK, True,
+                                      LAZY, W, NUM_WG, s_layout, o_layout, p_layout, ld_layout)
 
     r_o = gl.arange(0, WG_ROWS, layout=row_layout)
     d_o = gl.arange(0, CH8, layout=gl.SliceLayout(0, o_layout))
-    qi_o = tile_q0 + r_o // G
+    qi_o = qi0 + r_o // G
     ok_o = (r_o < WG_Q * G) & (qi_o < q_len)
     part_row = (((seq * max_q + qi_o).to(gl.int64) * NUM_HEADS + kv_head * G + r_o % G)
                 * NUM_SEGMENTS + seg)
@@ -276,16 +331,31 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
 
 
 @gluon.jit
+def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, bufs,
+                     sc_bufs, vbf, ready, empty, widened, seq, kv_head, seg, q_start, q_len,
+                     seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
+                     stride_q_head, NUM_HEADS: gl.constexpr, G: gl.constexpr,
+                     WG_Q: gl.constexpr, TILE_N: gl.constexpr, NUM_SEGMENTS: gl.constexpr,
+                     STAGES: gl.constexpr, INT8_QK: gl.constexpr, LAZY: gl.constexpr):
+    # The second warpgroup runs as a worker partition: its index is fixed here.
+    _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, bufs, sc_bufs,
+              vbf, ready, empty, widened, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0,
+              kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, NUM_HEADS,
+              G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 1, 2)
+
+
+@gluon.jit
 def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc, sc_desc,
                           block_table_ptr, seq_lens_ptr, cu_seqlens_q_ptr, qk_scale,
                           min_seg_tokens, max_q, stride_q_tok, stride_q_head, stride_bt,
                           rows_per_block, stride_kv_head,
                           NUM_HEADS: gl.constexpr, G: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-                          WG_Q: gl.constexpr, TILE_N: gl.constexpr, BOX_T: gl.constexpr,
-                          NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr,
-                          HEAD: gl.constexpr, INT8_QK: gl.constexpr):
-    """Grid (num_seqs, num_kv_heads, NUM_SEGMENTS): one query tile a request (q <= WG_Q),
-    segments split as the Triton split pass splits them."""
+                          WG_Q: gl.constexpr, NUM_WG: gl.constexpr, TILE_N: gl.constexpr,
+                          BOX_T: gl.constexpr, NUM_SEGMENTS: gl.constexpr,
+                          STAGES: gl.constexpr, HEAD: gl.constexpr, INT8_QK: gl.constexpr,
+                          LAZY: gl.constexpr):
+    """Grid (num_seqs, num_kv_heads, NUM_SEGMENTS): one query tile a request (q <= WG_Q x
+    NUM_WG), segments split as the Triton split pass splits them."""
     pid = gl.program_id(0)
     kv_head = gl.program_id(1)
     seg = gl.program_id(2)
@@ -297,19 +367,20 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
     per_seg = gl.cdiv(gl.cdiv(seq_len, NUM_SEGMENTS), TILE_N) * TILE_N
     seg_tokens = gl.maximum(per_seg, min_seg_tokens)
     kv_lo = seg * seg_tokens
-    tile_rows = gl.minimum(q_len, WG_Q)
+    tile_rows = gl.minimum(q_len, WG_Q * NUM_WG)
     kv_hi = gl.minimum(kv_lo + seg_tokens, seq_len - q_len + tile_rows)
     n_tiles = gl.cdiv(kv_hi - kv_lo, TILE_N)
     if kv_lo >= seq_len:
         e_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        r = gl.arange(0, WG_ROWS, layout=e_layout)
+        r = gl.arange(0, WG_ROWS * NUM_WG, layout=e_layout)
         qi = r // G
-        ok = (r < WG_Q * G) & (qi < q_len)
+        ok = (r < WG_Q * NUM_WG * G) & (qi < q_len)
         row = (((seq * max_q + qi).to(gl.int64) * NUM_HEADS + kv_head * G + r % G)
                * NUM_SEGMENTS + seg)
-        gl.store(part_max_ptr + row, gl.full([WG_ROWS], -1.0e30, gl.float32, layout=e_layout),
+        gl.store(part_max_ptr + row,
+                 gl.full([WG_ROWS * NUM_WG], -1.0e30, gl.float32, layout=e_layout), mask=ok)
+        gl.store(part_sum_ptr + row, gl.zeros([WG_ROWS * NUM_WG], gl.float32, layout=e_layout),
                  mask=ok)
-        gl.store(part_sum_ptr + row, gl.zeros([WG_ROWS], gl.float32, layout=e_layout), mask=ok)
     else:
         layout8: gl.constexpr = desc.layout
         sc_layout: gl.constexpr = sc_desc.layout
@@ -321,24 +392,50 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         sc_bufs = gl.allocate_shared_memory(gl.int8, [STAGES * 2, TILE_N, SCB], sc_layout)
         qh = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
         ql = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
-        vbf = gl.allocate_shared_memory(gl.bfloat16, [2, TILE_N, CH8], vbf_layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        widened = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+            # Every consumer warpgroup releases a stage, and (two of them) widens half of V.
+            mbarrier.init(empty.index(i), count=NUM_WG)
+            mbarrier.init(widened.index(i), count=NUM_WG)
         bt_row = block_table_ptr + seq.to(gl.int64) * stride_bt
         col_k = kv_head * stride_kv_head
         col_v = col_k + HEAD + 4
-        gl.warp_specialize([
-            (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, bufs, sc_bufs,
-                         vbf, ready, empty, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0,
-                         kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
-                         NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK)),
-            (_loader8, (desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row, kv_lo, kv_hi,
-                        n_tiles, rows_per_block, col_k, col_v, BLOCK_SIZE, TILE_N, BOX_T, HEAD,
-                        STAGES)),
-        ], [1], [LOADER_REGS])
+        if NUM_WG == 2:
+            # A bf16 V tile a stage: the two warpgroups' P.V may be a tile apart.
+            vbf = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 2, TILE_N, CH8], vbf_layout)
+            qh1 = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
+            ql1 = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
+            gl.warp_specialize([
+                (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, bufs,
+                             sc_bufs, vbf, ready, empty, widened, seq, kv_head, seg, q_start,
+                             q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+                             stride_q_tok, stride_q_head, NUM_HEADS, G, WG_Q, TILE_N,
+                             NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 0, 2)),
+                (_consume8_second, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh1, ql1,
+                                    bufs, sc_bufs, vbf, ready, empty, widened, seq, kv_head,
+                                    seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
+                                    n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
+                                    NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK,
+                                    LAZY)),
+                (_loader8, (desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row, kv_lo, kv_hi,
+                            n_tiles, rows_per_block, col_k, col_v, BLOCK_SIZE, TILE_N, BOX_T,
+                            HEAD, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        else:
+            vbf = gl.allocate_shared_memory(gl.bfloat16, [2, TILE_N, CH8], vbf_layout)
+            gl.warp_specialize([
+                (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, bufs,
+                             sc_bufs, vbf, ready, empty, widened, seq, kv_head, seg, q_start,
+                             q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+                             stride_q_tok, stride_q_head, NUM_HEADS, G, WG_Q, TILE_N,
+                             NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 0, 1)),
+                (_loader8, (desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row, kv_lo, kv_hi,
+                            n_tiles, rows_per_block, col_k, col_v, BLOCK_SIZE, TILE_N, BOX_T,
+                            HEAD, STAGES)),
+            ], [1], [LOADER_REGS])
 
 
 # ---- host side -------------------------------------------------------------------------
@@ -366,15 +463,28 @@ def descriptors(key_cache: Any, box_t: int) -> tuple[Any, Any, int, int]:
     return desc, sc_desc, rows_per_block, s_head
 
 
+def warpgroups(q: int, group: int) -> tuple[int, int]:
+    """Consumer warpgroups and query tokens each for q tokens of G = group heads: one
+    warpgroup while q x G fits its 64 rows, else two with the tokens split evenly."""
+    num_wg = -(-q * group // WG_ROWS.value)
+    wg_q = -(-q // num_wg)
+    if num_wg > 2 or wg_q * group > WG_ROWS.value:
+        raise ValueError(f"the candidate handles q x G <= 128 rows in two warpgroups: q={q}, "
+                         f"G={group}")
+    return num_wg, wg_q
+
+
 def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
-           stages: int) -> None:
+           stages: int, lazy: bool = False) -> None:
     """The split pass into ``workspace``'s partials (qk_scale includes log2(e)); the tree's
     reduce pass (launch_reduce with the same plan) turns them into the output."""
     q, key_cache = batch.query, batch.key_cache
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    if head_size != 2 * CH8.value or batch.max_query_len * num_heads // num_kv_heads > 64:
-        raise ValueError("the candidate handles head size 256 and q x G <= 64 rows only")
+    group = num_heads // num_kv_heads
+    if head_size != 2 * CH8.value:
+        raise ValueError("the candidate handles head size 256 only")
+    num_wg, wg_q = warpgroups(batch.max_query_len, group)
     if block_size % BOX_T:
         raise ValueError(f"cache blocks of {block_size} tokens: the candidate boxes {BOX_T}")
     desc, sc_desc, rows_per_block, s_head = descriptors(key_cache, BOX_T)
@@ -385,13 +495,14 @@ def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
         plan.min_segment_tokens, batch.max_query_len, q.stride(0), q.stride(1),
         batch.block_table.stride(0), rows_per_block, s_head,
         NUM_HEADS=num_heads, G=num_heads // num_kv_heads, BLOCK_SIZE=block_size,
-        WG_Q=batch.max_query_len, TILE_N=TILE_N, BOX_T=BOX_T,
+        WG_Q=wg_q, NUM_WG=num_wg, TILE_N=TILE_N, BOX_T=BOX_T,
         NUM_SEGMENTS=plan.num_segments, STAGES=stages, HEAD=head_size, INT8_QK=int8_qk,
-        num_warps=4, maxnreg=MAXNREG,
+        LAZY=lazy, num_warps=4, maxnreg=MAXNREG,
     )
 
 
-def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32) -> Any:
+def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
+                 lazy: bool = False) -> Any:
     """The kernel compiled ahead of time for sm_90a (no GPU): 24/4 heads, head size 256,
     16-token blocks."""
     import triton
@@ -421,9 +532,11 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32) 
             signature[name] = "i32"
         else:
             signature[name] = "constexpr"
-    constexprs = {"NUM_HEADS": 24, "G": 6, "BLOCK_SIZE": 16, "WG_Q": q, "TILE_N": TILE_N,
+    num_wg, wg_q = warpgroups(q, 6)
+    constexprs = {"NUM_HEADS": 24, "G": 6, "BLOCK_SIZE": 16, "WG_Q": wg_q, "NUM_WG": num_wg,
+                  "TILE_N": TILE_N,
                   "BOX_T": BOX_T, "NUM_SEGMENTS": segments, "STAGES": stages, "HEAD": 256,
-                  "INT8_QK": int8_qk}
+                  "INT8_QK": int8_qk, "LAZY": lazy}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name.endswith("_ptr")}
     source = GluonASTSource(
@@ -441,20 +554,34 @@ def main() -> int:
                         help="compile for sm_90a and print the loop's instruction budget")
     parser.add_argument("--contexts", default="16384,65536,131072")
     parser.add_argument("--int8-qk", default="1,2", help="comma-separated Q.K modes (1, 2)")
+    parser.add_argument("--lazy", default="0,1",
+                        help="comma-separated: 0 rescales every tile, 1 only past RESCALE_LOG2")
+    parser.add_argument("--queries", default="8,16", help="comma-separated verify lengths")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    modes = [int(m) for m in args.int8_qk.split(",") if m]
+    variants = [(int(m), bool(int(lz))) for m in args.int8_qk.split(",") if m
+                for lz in args.lazy.split(",") if lz]
+    queries = [int(q) for q in args.queries.split(",") if q]
     if args.compile_only:
-        return _print_budget(modes, args.stages, args.json)
+        return _print_budget(variants, queries, args.stages, args.json)
     if not args.tree:
         parser.error("--tree is needed for a device run")
-    return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c], modes,
-                       args.stages, args.json)
+    return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c], variants,
+                       queries, args.stages, args.json)
 
 
-def _print_budget(modes: list[int], stages: int, out: Path | None) -> int:
-    """The steady-state loop of each mode, counted as split_pass_issue.py counts the others."""
+def variant_name(int8_qk: int, lazy: bool) -> str:
+    return f"qk{int8_qk}" + ("-lazy" if lazy else "")
+
+
+def _print_budget(variants: list[tuple[int, bool]], queries: list[int], stages: int,
+                  out: Path | None) -> int:
+    """The whole-tile loops of each variant and verify length, counted as split_pass_issue.py
+    counts the others: every consumer warpgroup has two MMA loops, whole tiles then the
+    masked tail, and a KV token costs the whole-tile loops of all of them. With the lazy
+    rescale the rescale is a guarded block: warp_insts_per_token counts it (a tile that
+    rescales), steady_warp_insts_per_token leaves it out (one that does not)."""
     import tempfile
 
     sys.path.insert(0, str(PYTHON_DIR))
@@ -465,36 +592,53 @@ def _print_budget(modes: list[int], stages: int, out: Path | None) -> int:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in modes:
-            compiled = compile_sm90(mode, stages)
-            loops = mma_loops(sass_of(compiled.asm["cubin"], Path(tmp)))
-            if len(loops) != 2:
-                raise RuntimeError(f"int8_qk={mode}: {len(loops)} MMA loops, expected the "
-                                   "consumer's two (whole tiles, then the masked tail)")
-            # The whole-tile loop comes first and is the smaller: it builds no mask.
-            steady, tail = loops
-            if steady.instructions >= tail.instructions:
-                raise RuntimeError(f"int8_qk={mode}: the first loop ({steady.instructions}) is "
-                                   f"not smaller than the tail ({tail.instructions})")
-            per_token = steady.instructions * 4 / TILE_N
-            # The loop's issue floor at 64k (batch 1, 4 KV heads) on the H200.
-            issue_us = per_token * 65536 * 4 / (H200_SMS * ISSUE_PER_SM * H200_CLOCK_GHZ * 1e3)
-            rows.append({"int8_qk": mode, "stages": stages, "shared": compiled.metadata.shared,
-                         "loop_insts_per_warp": steady.instructions,
-                         "tail_loop_insts_per_warp": tail.instructions,
-                         "loop_insts_guarded": steady.guarded,
-                         "warp_insts_per_token": per_token, "mma_per_warp": steady.mma,
-                         "classes": steady.classes(), "issue_floor_us_64k": issue_us})
-            print(json.dumps(rows[-1]), flush=True)
+        for q in queries:
+            num_wg, _ = warpgroups(q, 6)
+            for mode, lazy in variants:
+                name = variant_name(mode, lazy)
+                compiled = compile_sm90(mode, stages, q=q, lazy=lazy)
+                loops = mma_loops(sass_of(compiled.asm["cubin"], Path(tmp)))
+                if len(loops) != 2 * num_wg:
+                    raise RuntimeError(f"{name} q={q}: {len(loops)} MMA loops, expected two a "
+                                       f"consumer warpgroup ({num_wg})")
+                # Each warpgroup's whole-tile loop comes first and is the smaller: no mask.
+                steady, tail = loops[0::2], loops[1::2]
+                for a, b in zip(steady, tail, strict=True):
+                    if a.instructions >= b.instructions:
+                        raise RuntimeError(f"{name} q={q}: a whole-tile loop ({a.instructions})"
+                                           f" is not smaller than its tail ({b.instructions})")
+                insts = sum(loop.instructions for loop in steady)
+                guarded = sum(loop.guarded for loop in steady)
+                per_token = insts * 4 / TILE_N
+                # The loops' issue floor at 64k (batch 1, 4 KV heads) on the H200.
+                issue_us = per_token * 65536 * 4 / (H200_SMS * ISSUE_PER_SM * H200_CLOCK_GHZ
+                                                    * 1e3)
+                classes: dict[str, int] = {}
+                for loop in steady:
+                    for k, n in loop.classes().items():
+                        classes[k] = classes.get(k, 0) + n
+                rows.append({"variant": name, "q": q, "warpgroups": num_wg, "int8_qk": mode,
+                             "lazy": lazy, "stages": stages,
+                             "shared": compiled.metadata.shared,
+                             "loops_found": [loop.instructions for loop in loops],
+                             "loop_insts_per_warp": insts,
+                             "tail_loop_insts_per_warp": sum(b.instructions for b in tail),
+                             "loop_insts_guarded": guarded,
+                             "warp_insts_per_token": per_token,
+                             "steady_warp_insts_per_token": (insts - guarded) * 4 / TILE_N,
+                             "mma_per_warp": sum(loop.mma for loop in steady),
+                             "classes": classes, "issue_floor_us_64k": issue_us})
+                print(json.dumps(rows[-1]), flush=True)
     if out:
         out.write_text(json.dumps(rows, indent=1))
     return 0
 
 
-def _device_run(tree: str, contexts: list[int], modes: list[int], stages: int,
-                out: Path | None) -> int:
+def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool]],
+                queries: list[int], stages: int, out: Path | None) -> int:
     """On an H200: every KV head's output against the float32 reference, then the candidate
-    (split + the tree's reduce) and the production int8 plan timed side by side, q = 8."""
+    (split + the tree's reduce) and the production int8 plan timed side by side, for each
+    verify length."""
     sys.path.insert(0, tree)
     sys.path.insert(1, str(PYTHON_DIR))
     sys.path.insert(2, str(HERE))
@@ -513,57 +657,58 @@ def _device_run(tree: str, contexts: list[int], modes: list[int], stages: int,
     ws = sda.get_workspace(64, heads, bench.HEAD_SIZE, torch.device("cuda"))
     copy_bw = bench.measure_copy_bandwidth(torch)
     scale = bench.HEAD_SIZE**-0.5
-    q = 8
-    tiles = sda.TILE_PLANS["int8"]
-    prod_plan = sda.plan_launch(1, q, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
-                                kernel="triton", **tiles.plan_overrides())
-    # Segments as the Hopper planner splits 64-key tiles (its reduce pass reads them).
-    cand_plan = sda.plan_launch(1, q, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
-                                kernel="hopper") if ws.hopper else None
-    if cand_plan is None or cand_plan.tile_n != TILE_N:
-        print(f"the planner gave no 64-key Hopper plan ({cand_plan})", file=sys.stderr)
-        return 2
     rows = []
-    for ctx in contexts:
-        cell = bench.Cell(env, 1, ctx)
-        batches = cell.batches(q)
-        want = ref.reference(batches[0], scale)
-        prod_outs = [torch.empty_like(b.query) for b in batches]
-        prod_calls = [bench.split_reduce_calls(env, b, o, ws, prod_plan, tiles)[0]
-                      for b, o in zip(batches, prod_outs, strict=True)]
-        t_prod = bench._time_graph(torch, prod_calls)
-        prod_err = ref.compare(prod_outs[0], want, batches[0])
-        row: dict[str, Any] = {"context": ctx, "q": q, "production_us": t_prod * 1e6,
-                               "production_rel_err": prod_err["rel_err"],
-                               "floor_us": cell.kv_bytes / copy_bw * 1e6}
-        for mode in modes:
-            outs = [torch.full(b.query.shape, float("nan"), dtype=torch.bfloat16,
-                               device="cuda") for b in batches]
+    for q in queries:
+        tiles = sda.TILE_PLANS["int8"]
+        prod_plan = sda.plan_launch(1, q, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
+                                    kernel="triton", **tiles.plan_overrides())
+        # Segments as the Hopper planner splits 64-key tiles (its reduce pass reads them).
+        cand_plan = sda.plan_launch(1, q, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
+                                    kernel="hopper") if ws.hopper else None
+        if cand_plan is None or cand_plan.tile_n != TILE_N:
+            print(f"the planner gave no 64-key Hopper plan ({cand_plan})", file=sys.stderr)
+            return 2
+        for ctx in contexts:
+            cell = bench.Cell(env, 1, ctx)
+            batches = cell.batches(q)
+            want = ref.reference(batches[0], scale)
+            prod_outs = [torch.empty_like(b.query) for b in batches]
+            prod_calls = [bench.split_reduce_calls(env, b, o, ws, prod_plan, tiles)[0]
+                          for b, o in zip(batches, prod_outs, strict=True)]
+            t_prod = bench._time_graph(torch, prod_calls)
+            prod_err = ref.compare(prod_outs[0], want, batches[0])
+            row: dict[str, Any] = {"context": ctx, "q": q, "production_us": t_prod * 1e6,
+                                   "production_rel_err": prod_err["rel_err"],
+                                   "floor_us": cell.kv_bytes / copy_bw * 1e6}
+            for mode, lazy in variants:
+                outs = [torch.full(b.query.shape, float("nan"), dtype=torch.bfloat16,
+                                   device="cuda") for b in batches]
 
-            def call(b: Any, o: Any, mode: int = mode) -> None:
-                launch(b, ws, cand_plan, scale * 1.4426950408889634, mode, stages)
-                sda.launch_reduce(o, b.cu_seqlens_q, b.max_query_len, ws, cand_plan)
+                def call(b: Any, o: Any, mode: int = mode, lazy: bool = lazy,
+                         plan: Any = cand_plan) -> None:
+                    launch(b, ws, plan, scale * 1.4426950408889634, mode, stages, lazy)
+                    sda.launch_reduce(o, b.cu_seqlens_q, b.max_query_len, ws, plan)
 
-            try:
-                call(batches[0], outs[0])
-                torch.cuda.synchronize()
-                err = ref.compare(outs[0], want, batches[0])
-                # Per KV head: a misread box shows on the heads whose rows are misaligned.
-                per_head = [float((outs[0][:, h * bench.GROUP:(h + 1) * bench.GROUP].float()
-                                   - want[:, h * bench.GROUP:(h + 1) * bench.GROUP]).norm()
-                                  / want[:, h * bench.GROUP:(h + 1) * bench.GROUP].norm())
-                            for h in range(bench.NUM_KV_HEADS)]
-                t = bench._time_graph(torch, [functools.partial(call, b, o)
-                                              for b, o in zip(batches, outs, strict=True)])
-                row[f"qk{mode}"] = {"us": t * 1e6, "rel_err": err["rel_err"],
-                                    "unwritten": err["unwritten_rows"],
-                                    "rel_err_per_kv_head": per_head,
-                                    "pct_floor": 100 * row["floor_us"] / (t * 1e6),
-                                    "vs_production": t_prod / t}
-            except Exception as exc:  # the first GPU run: record, go on
-                row[f"qk{mode}"] = {"error": bench.error_text(exc)}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+                try:
+                    call(batches[0], outs[0])
+                    torch.cuda.synchronize()
+                    err = ref.compare(outs[0], want, batches[0])
+                    # Per KV head: a misread box shows on the heads whose rows are misaligned.
+                    per_head = [float((outs[0][:, h * bench.GROUP:(h + 1) * bench.GROUP].float()
+                                       - want[:, h * bench.GROUP:(h + 1) * bench.GROUP]).norm()
+                                      / want[:, h * bench.GROUP:(h + 1) * bench.GROUP].norm())
+                                for h in range(bench.NUM_KV_HEADS)]
+                    t = bench._time_graph(torch, [functools.partial(call, b, o)
+                                                  for b, o in zip(batches, outs, strict=True)])
+                    row[variant_name(mode, lazy)] = {
+                        "us": t * 1e6, "rel_err": err["rel_err"],
+                        "unwritten": err["unwritten_rows"], "rel_err_per_kv_head": per_head,
+                        "pct_floor": 100 * row["floor_us"] / (t * 1e6),
+                        "vs_production": t_prod / t}
+                except Exception as exc:  # the first GPU run: record, go on
+                    row[variant_name(mode, lazy)] = {"error": bench.error_text(exc)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     if out:
         out.write_text(json.dumps({"triton": importlib.import_module("triton").__version__,
                                    "rows": rows}, indent=1))
