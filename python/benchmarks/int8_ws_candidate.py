@@ -24,6 +24,9 @@ reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. He
   second loop, so the first loop's compiled size is what a steady tile issues.
 - LAZY (optional) rescales the accumulator only when a row's maximum passes its reference by
   more than RESCALE_LOG2, instead of on every tile.
+- V16 = fp16 (optional) widens V by the 1024 bias in 5 instructions for 4 codes and runs P.V
+  in fp16; P x V-scale then lives in fp16's range (see _p_scale), which only the device
+  run's error check can judge.
 
 Unverified on a GPU, and one question only a GPU answers: TMA is asked for boxes whose first
 column is not 16-byte aligned (a head's K starts 8 bytes past a 16-byte boundary for odd
@@ -39,7 +42,8 @@ the H200 has checked it, it moves into that module and shares them.
     python benchmarks/int8_ws_candidate.py --compile-only [--queries 8,16] [--json OUT]
     python benchmarks/int8_ws_candidate.py --tree DIR [--json OUT]   # an H200: errors, times
 
-Both take --int8-qk 1,2 and --lazy 0,1 (every combination is compiled, or checked and timed).
+Both take --int8-qk 1,2, --lazy 0,1 and --v-tile bf16,fp16 (every combination is compiled,
+or checked and timed).
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ RESCALE_LOG2 = gl.constexpr(8.0)
 # (spec_decode_attn.md, "What a tile costs in instructions").
 BUDGET_WARP_INSTS_PER_TOKEN = 74
 BOX_T = 16  # tokens a TMA box: one cache block of 16 (the benchmark's block size)
+# The dtype V is widened into for the P.V MMA: bf16 (Triton's conversion) or fp16 (the 1024
+# bias, fewer instructions; P then travels in fp16 too).
+V_TILES = {"bf16": gl.bfloat16, "fp16": gl.float16}
 
 
 @gluon.jit
@@ -159,6 +166,32 @@ _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.jit
+def _widen(v8, dtype: gl.constexpr):
+    """int8 V codes into the P.V tile's dtype, exactly. bf16: Triton's own conversion. fp16:
+    the 1024 bias, 1 LOP3 + 2 PRMT + 2 HSUB2 for 4 codes: x ^ 0x80 is x + 128 as a byte; under
+    the exponent byte 0x64 it is the fp16 1024 + (x + 128); 1152 (0x6480) off leaves x."""
+    if dtype == gl.float16:
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 t, m; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64806480;"
+            " prmt.b32 $0, t, 0x64646464, 0x5140; prmt.b32 $1, t, 0x64646464, 0x5342;"
+            " sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
+            "=r,=r,r", [v8], dtype=gl.float16, is_pure=True, pack=4)
+    else:
+        return v8.to(dtype)
+
+
+@gluon.jit
+def _p_scale(dtype: gl.constexpr, LAZY: gl.constexpr):
+    """What P's columns are multiplied by before the P.V MMA (the epilogue divides it out).
+    With an fp16 tile and the eager rescale P <= 1: 256 lifts small P x V-scale products out
+    of fp16's subnormals and keeps P x 256 <= 256 as the lazy rescale's own bound does."""
+    if dtype == gl.float16 and not LAZY:
+        return 256.0
+    else:
+        return 1.0
+
+
+@gluon.jit
 def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, widened, i, kv_lo, kv_hi, ctx,
            qi0, q_sc, m_i, l_i, acc0, acc1, qk_scale, G: gl.constexpr, TILE_N: gl.constexpr,
            STAGES: gl.constexpr, INT8_QK: gl.constexpr, MASKED: gl.constexpr,
@@ -220,13 +253,14 @@ def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, widened, i, kv_lo
         a = gl.convert_layout(alpha, row_layout)[:, None]
         acc0 = acc0 * a
         acc1 = acc1 * a
-    p = gl.convert_layout((p * v_sc[None, :]).to(gl.bfloat16), p_layout)
+    vdt: gl.constexpr = vbf.dtype
+    p = gl.convert_layout((p * (v_sc * _p_scale(vdt, LAZY))[None, :]).to(vdt), p_layout)
     if NUM_WG == 1:
         # V widened once into the bf16 tile the P.V wgmma reads (int8 codes are exact there);
         # the int8 stage is free once it is read.
         for c in gl.static_range(2):
             v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
-            vbf.index(c).store(v8.to(gl.bfloat16))
+            vbf.index(c).store(_widen(v8, vdt))
         fence_async_shared()
         mbarrier.arrive(empty.index(s), count=1)
         acc0 = warpgroup_mma(p, vbf.index(0), acc0, is_async=True)
@@ -237,7 +271,7 @@ def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, widened, i, kv_lo
         # tile, and both wait for both halves. The stage (codes and bf16 tile) is released
         # only after this warpgroup's P.V has read it.
         v8 = bufs.index(s * 4 + 2 + W).load(ld_layout)
-        vbf.index(s * 2 + W).store(v8.to(gl.bfloat16))
+        vbf.index(s * 2 + W).store(_widen(v8, vdt))
         fence_async_shared()
         _partition_barrier()
         mbarrier.arrive(widened.index(s), count=1)
@@ -324,7 +358,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     l_o = gl.convert_layout(l_i, row_layout)
     gl.store(part_max_ptr + part_row, gl.convert_layout(m_i, row_layout), mask=ok_o)
     gl.store(part_sum_ptr + part_row, l_o, mask=ok_o)
-    inv_l = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)[:, None]
+    inv_l = gl.where(l_o > 0.0, 1.0 / (l_o * _p_scale(vbf.dtype, LAZY)), 0.0)[:, None]
     o_base = part_out_ptr + part_row[:, None] * (2 * CH8) + d_o[None, :]
     gl.store(o_base, acc0 * inv_l, mask=ok_o[:, None])
     gl.store(o_base + CH8, acc1 * inv_l, mask=ok_o[:, None])
@@ -353,7 +387,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                           WG_Q: gl.constexpr, NUM_WG: gl.constexpr, TILE_N: gl.constexpr,
                           BOX_T: gl.constexpr, NUM_SEGMENTS: gl.constexpr,
                           STAGES: gl.constexpr, HEAD: gl.constexpr, INT8_QK: gl.constexpr,
-                          LAZY: gl.constexpr):
+                          LAZY: gl.constexpr, V16: gl.constexpr):
     """Grid (num_seqs, num_kv_heads, NUM_SEGMENTS): one query tile a request (q <= WG_Q x
     NUM_WG), segments split as the Triton split pass splits them."""
     pid = gl.program_id(0)
@@ -405,7 +439,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         col_v = col_k + HEAD + 4
         if NUM_WG == 2:
             # A bf16 V tile a stage: the two warpgroups' P.V may be a tile apart.
-            vbf = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 2, TILE_N, CH8], vbf_layout)
+            vbf = gl.allocate_shared_memory(V16, [STAGES * 2, TILE_N, CH8], vbf_layout)
             qh1 = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
             ql1 = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
             gl.warp_specialize([
@@ -425,7 +459,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                             HEAD, STAGES)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
-            vbf = gl.allocate_shared_memory(gl.bfloat16, [2, TILE_N, CH8], vbf_layout)
+            vbf = gl.allocate_shared_memory(V16, [2, TILE_N, CH8], vbf_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, bufs,
                              sc_bufs, vbf, ready, empty, widened, seq, kv_head, seg, q_start,
@@ -475,7 +509,7 @@ def warpgroups(q: int, group: int) -> tuple[int, int]:
 
 
 def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
-           stages: int, lazy: bool = False) -> None:
+           stages: int, lazy: bool = False, v_tile: str = "bf16") -> None:
     """The split pass into ``workspace``'s partials (qk_scale includes log2(e)); the tree's
     reduce pass (launch_reduce with the same plan) turns them into the output."""
     q, key_cache = batch.query, batch.key_cache
@@ -497,12 +531,12 @@ def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
         NUM_HEADS=num_heads, G=num_heads // num_kv_heads, BLOCK_SIZE=block_size,
         WG_Q=wg_q, NUM_WG=num_wg, TILE_N=TILE_N, BOX_T=BOX_T,
         NUM_SEGMENTS=plan.num_segments, STAGES=stages, HEAD=head_size, INT8_QK=int8_qk,
-        LAZY=lazy, num_warps=4, maxnreg=MAXNREG,
+        LAZY=lazy, V16=V_TILES[v_tile], num_warps=4, maxnreg=MAXNREG,
     )
 
 
 def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
-                 lazy: bool = False) -> Any:
+                 lazy: bool = False, v_tile: str = "bf16") -> Any:
     """The kernel compiled ahead of time for sm_90a (no GPU): 24/4 heads, head size 256,
     16-token blocks."""
     import triton
@@ -536,7 +570,7 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
     constexprs = {"NUM_HEADS": 24, "G": 6, "BLOCK_SIZE": 16, "WG_Q": wg_q, "NUM_WG": num_wg,
                   "TILE_N": TILE_N,
                   "BOX_T": BOX_T, "NUM_SEGMENTS": segments, "STAGES": stages, "HEAD": 256,
-                  "INT8_QK": int8_qk, "LAZY": lazy}
+                  "INT8_QK": int8_qk, "LAZY": lazy, "V16": V_TILES[v_tile]}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name.endswith("_ptr")}
     source = GluonASTSource(
@@ -556,12 +590,16 @@ def main() -> int:
     parser.add_argument("--int8-qk", default="1,2", help="comma-separated Q.K modes (1, 2)")
     parser.add_argument("--lazy", default="0,1",
                         help="comma-separated: 0 rescales every tile, 1 only past RESCALE_LOG2")
+    parser.add_argument("--v-tile", default="bf16,fp16",
+                        help="comma-separated dtypes V is widened into: bf16, fp16")
     parser.add_argument("--queries", default="8,16", help="comma-separated verify lengths")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    variants = [(int(m), bool(int(lz))) for m in args.int8_qk.split(",") if m
-                for lz in args.lazy.split(",") if lz]
+    variants = [(int(m), bool(int(lz)), vt) for m in args.int8_qk.split(",") if m
+                for lz in args.lazy.split(",") if lz for vt in args.v_tile.split(",") if vt]
+    if unknown := {vt for _, _, vt in variants} - set(V_TILES):
+        parser.error(f"--v-tile: unknown {sorted(unknown)}; known: {sorted(V_TILES)}")
     queries = [int(q) for q in args.queries.split(",") if q]
     if args.compile_only:
         return _print_budget(variants, queries, args.stages, args.json)
@@ -571,11 +609,11 @@ def main() -> int:
                        queries, args.stages, args.json)
 
 
-def variant_name(int8_qk: int, lazy: bool) -> str:
-    return f"qk{int8_qk}" + ("-lazy" if lazy else "")
+def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
+    return f"qk{int8_qk}" + ("-lazy" if lazy else "") + ("-f16" if v_tile == "fp16" else "")
 
 
-def _print_budget(variants: list[tuple[int, bool]], queries: list[int], stages: int,
+def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], stages: int,
                   out: Path | None) -> int:
     """The whole-tile loops of each variant and verify length, counted as split_pass_issue.py
     counts the others: every consumer warpgroup has two MMA loops, whole tiles then the
@@ -594,9 +632,9 @@ def _print_budget(variants: list[tuple[int, bool]], queries: list[int], stages: 
     with tempfile.TemporaryDirectory() as tmp:
         for q in queries:
             num_wg, _ = warpgroups(q, 6)
-            for mode, lazy in variants:
-                name = variant_name(mode, lazy)
-                compiled = compile_sm90(mode, stages, q=q, lazy=lazy)
+            for mode, lazy, v_tile in variants:
+                name = variant_name(mode, lazy, v_tile)
+                compiled = compile_sm90(mode, stages, q=q, lazy=lazy, v_tile=v_tile)
                 loops = mma_loops(sass_of(compiled.asm["cubin"], Path(tmp)))
                 if len(loops) != 2 * num_wg:
                     raise RuntimeError(f"{name} q={q}: {len(loops)} MMA loops, expected two a "
@@ -618,7 +656,7 @@ def _print_budget(variants: list[tuple[int, bool]], queries: list[int], stages: 
                     for k, n in loop.classes().items():
                         classes[k] = classes.get(k, 0) + n
                 rows.append({"variant": name, "q": q, "warpgroups": num_wg, "int8_qk": mode,
-                             "lazy": lazy, "stages": stages,
+                             "lazy": lazy, "v_tile": v_tile, "stages": stages,
                              "shared": compiled.metadata.shared,
                              "loops_found": [loop.instructions for loop in loops],
                              "loop_insts_per_warp": insts,
@@ -634,7 +672,7 @@ def _print_budget(variants: list[tuple[int, bool]], queries: list[int], stages: 
     return 0
 
 
-def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool]],
+def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, str]],
                 queries: list[int], stages: int, out: Path | None) -> int:
     """On an H200: every KV head's output against the float32 reference, then the candidate
     (split + the tree's reduce) and the production int8 plan timed side by side, for each
@@ -680,13 +718,13 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool]]
             row: dict[str, Any] = {"context": ctx, "q": q, "production_us": t_prod * 1e6,
                                    "production_rel_err": prod_err["rel_err"],
                                    "floor_us": cell.kv_bytes / copy_bw * 1e6}
-            for mode, lazy in variants:
+            for mode, lazy, v_tile in variants:
                 outs = [torch.full(b.query.shape, float("nan"), dtype=torch.bfloat16,
                                    device="cuda") for b in batches]
 
                 def call(b: Any, o: Any, mode: int = mode, lazy: bool = lazy,
-                         plan: Any = cand_plan) -> None:
-                    launch(b, ws, plan, scale * 1.4426950408889634, mode, stages, lazy)
+                         v_tile: str = v_tile, plan: Any = cand_plan) -> None:
+                    launch(b, ws, plan, scale * 1.4426950408889634, mode, stages, lazy, v_tile)
                     sda.launch_reduce(o, b.cu_seqlens_q, b.max_query_len, ws, plan)
 
                 try:
@@ -700,13 +738,13 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool]]
                                 for h in range(bench.NUM_KV_HEADS)]
                     t = bench._time_graph(torch, [functools.partial(call, b, o)
                                                   for b, o in zip(batches, outs, strict=True)])
-                    row[variant_name(mode, lazy)] = {
+                    row[variant_name(mode, lazy, v_tile)] = {
                         "us": t * 1e6, "rel_err": err["rel_err"],
                         "unwritten": err["unwritten_rows"], "rel_err_per_kv_head": per_head,
                         "pct_floor": 100 * row["floor_us"] / (t * 1e6),
                         "vs_production": t_prod / t}
                 except Exception as exc:  # the first GPU run: record, go on
-                    row[variant_name(mode, lazy)] = {"error": bench.error_text(exc)}
+                    row[variant_name(mode, lazy, v_tile)] = {"error": bench.error_text(exc)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     if out:

@@ -1,14 +1,17 @@
 """The host side of benchmarks/int8_ws_candidate.py (issue 21), on the CPU: how verify lengths
-map to consumer warpgroups, and the TMA descriptors over an int8_per_token_head cache. A
-device call is scarce; a wrong split or descriptor found here costs none of it."""
+map to consumer warpgroups, the TMA descriptors over an int8_per_token_head cache, and the
+PTX of the fp16 widening run instruction by instruction. A device call is scarce; a wrong
+split, descriptor or constant found here costs none of it."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.unit
@@ -65,3 +68,54 @@ def test_a_cache_that_is_not_per_token_head_is_refused(cand: ModuleType) -> None
     plain = torch.zeros(5, 16, 4, 256, dtype=torch.int8)  # K alone, no scales beside it
     with pytest.raises(ValueError, match="not an int8_per_token_head cache"):
         cand.descriptors(plain, 16)
+
+
+def _widen_asm() -> str:
+    """The PTX string _widen hands to inline_asm_elementwise (its fp16 path)."""
+    tree = ast.parse(SCRIPT.read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_widen")
+    call = next(n for n in ast.walk(fn) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute) and n.func.attr == "inline_asm_elementwise")
+    first = call.args[0]
+    assert isinstance(first, ast.Constant) and isinstance(first.value, str)
+    return first.value
+
+
+def _run_widen(asm: str, word: int) -> list[float]:
+    """The asm's instructions, one by one, on one 32-bit register of four int8 codes (code k
+    in byte k, as pack=4 packs them): the four fp16 values of $0 (codes 0, 1) and $1 (2, 3)."""
+    regs: dict[str, int] = {"$2": word}
+    for ins in (part.strip() for part in asm.strip("{} ").split(";")):
+        if not ins or ins.startswith(".reg"):
+            continue
+        op, rest = ins.split(None, 1)
+        dst, *srcs = [a.strip() for a in rest.split(",")]
+        vals = [int(a, 16) if a.startswith("0x") else regs[a] for a in srcs]
+        if op == "xor.b32":
+            regs[dst] = vals[0] ^ vals[1]
+        elif op == "mov.b32":
+            regs[dst] = vals[0]
+        elif op == "prmt.b32":
+            a, b, sel = vals
+            pool = a.to_bytes(4, "little") + b.to_bytes(4, "little")
+            nibbles = [(sel >> (4 * i)) & 0xF for i in range(4)]
+            assert all(n < 8 for n in nibbles), "sign-replicating selectors are not modelled"
+            regs[dst] = int.from_bytes(bytes(pool[n] for n in nibbles), "little")
+        elif op == "sub.f16x2":
+            x = np.frombuffer(vals[0].to_bytes(4, "little"), dtype=np.float16)
+            y = np.frombuffer(vals[1].to_bytes(4, "little"), dtype=np.float16)
+            regs[dst] = int.from_bytes((x - y).astype(np.float16).tobytes(), "little")
+        else:
+            raise AssertionError(f"an instruction the model does not know: {ins}")
+    halves = regs["$0"].to_bytes(4, "little") + regs["$1"].to_bytes(4, "little")
+    return [float(v) for v in np.frombuffer(halves, dtype=np.float16)]
+
+
+def test_the_fp16_widening_turns_every_int8_code_into_its_value() -> None:
+    """_widen's fp16 path (the 1024 bias): its PTX, run instruction by instruction, gives
+    every int8 code exactly, in every lane of the packed register."""
+    asm = _widen_asm()
+    for base in range(-128, 128):
+        codes = [((base + 64 * k + 128) % 256) - 128 for k in range(4)]
+        word = int.from_bytes(bytes(c & 0xFF for c in codes), "little")
+        assert _run_widen(asm, word) == [float(c) for c in codes], (codes, asm)
