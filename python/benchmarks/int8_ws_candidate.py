@@ -1,15 +1,21 @@
 """Candidate for issue 21: the split pass over TRITON_ATTN's int8_per_token_head cache as a
 warp-specialised Hopper (sm_90) kernel in Gluon. Not in the patch series: it lives with the
-benchmarks until an H200 has checked and timed it, so that trying it leaves the series (and
-the GPU records made on it) unchanged.
+benchmarks until it moves into the series, so that trying it leaves the series (and the GPU
+records made on it) unchanged.
 
 Why this shape (spec_decode_attn.md, "What a tile costs in instructions"): the Triton int8
 split pass issues 160 warp instructions a KV token at q = 8 and would need an IPC of 3.0 to
 reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. Here:
 
-- one loader warp copies each 64-key tile with TMA: K and V as two 128-byte-wide int8 boxes
-  each (one head's 256 codes), and their float32 scales as 16-byte boxes that start at the
-  scale (its 4 bytes first). No consumer thread computes a copy address.
+- one loader warp copies each 64-key tile with TMA. A box must start on a 16-byte boundary
+  (H200, 2026-12-04: a box 4, 8 or 12 bytes past one faults with "illegal instruction"),
+  and a head's K starts 0 or 8 bytes past one, its V 4 or 12. So every box starts at the
+  boundary below: K as two 128-byte chunks and a 32-byte tail, V as two 128-byte chunks and
+  a 16-byte tail that also holds V's scale, and a 16-byte box that holds K's scale. No
+  consumer thread computes a copy address.
+- the shift is paid where it is free: the query is shifted by K's offset (zeros under the
+  neighbouring bytes, so they add nothing to Q.K), and the accumulators hold V's column d
+  at d + V's offset, which the epilogue shifts back.
 - the consumer warpgroup (q <= 8 tokens x G heads in 64 rows) runs Q.K on the int8 wgmma:
   the query is quantized per row once (INT8_QK = 2: two terms, as the Triton pass's
   int8_qk=2), K is used as TMA wrote it (8-bit wgmma operands must be K-major, and K's rows
@@ -25,22 +31,20 @@ reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. He
 - LAZY (optional) rescales the accumulator only when a row's maximum passes its reference by
   more than RESCALE_LOG2, instead of on every tile.
 - V16 = fp16 (optional) widens V by the 1024 bias in 5 instructions for 4 codes and runs P.V
-  in fp16; P x V-scale then lives in fp16's range (see _p_scale), which only the device
-  run's error check can judge.
+  in fp16; P x V-scale then lives in fp16's range (see _p_scale). On the H200 its error
+  was below the bf16 tile's (1.7e-3 against 2.3e-3: fp16 keeps 3 more bits of P).
 
-Unverified on a GPU, and one question only a GPU answers: TMA is asked for boxes whose first
-column is not 16-byte aligned (a head's K starts 8 bytes past a 16-byte boundary for odd
-heads, V 4 or 12 bytes past). The driver's listed conditions cover the base address, the
-strides and the box's inner size, not the coordinates; Triton's interpreter refuses such
-boxes, so no CPU test can answer it. ``main`` checks every KV head's output against the
-float32 reference before it times anything.
+Checked and timed on an H200 (spec_decode_attn.md, "The candidate on an H200"): every KV
+head within stock's error (the fp16 V tile below it), 1.2-1.6x the production int8 plan at
+q = 8 and 1.3-1.5x at q = 16 from 64k, but 39-46 % of the int8 floor at 64k-128k, not 60.
 
 Its online softmax, epilogue and compile signature repeat spec_decode_attention_hopper.py's
-and the compile report's on purpose: the candidate compiles without a patched tree. Once
-the H200 has checked it, it moves into that module and shares them.
+and the compile report's on purpose: the candidate compiles without a patched tree. When it
+moves into that module it shares them.
 
     python benchmarks/int8_ws_candidate.py --compile-only [--queries 8,16] [--json OUT]
     python benchmarks/int8_ws_candidate.py --tree DIR [--json OUT]   # an H200: errors, times
+    python benchmarks/int8_ws_candidate.py --probe-column N          # an H200: one TMA box
 
 Both take --int8-qk 1,2, --lazy 0,1 and --v-tile bf16,fp16 (every combination is compiled,
 or checked and timed).
@@ -75,7 +79,8 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 WG_ROWS = gl.constexpr(64)
 CH8 = gl.constexpr(128)  # int8 columns a chunk: 128 bytes, the widest swizzle
-SCB = gl.constexpr(16)  # bytes of a scale box (the 4 scale bytes and what follows)
+SCB = gl.constexpr(16)  # bytes of a scale box, and of V's tail box (its scale inside)
+KT = gl.constexpr(32)  # bytes of K's tail box: one int8 k-step of the Q.K wgmma
 # Registers a thread over the launch (5 warps), and the loader warp's share after setmaxnreg.
 MAXNREG = 168
 LOADER_REGS = gl.constexpr(24)
@@ -96,14 +101,16 @@ V_TILES = {"bf16": gl.bfloat16, "fp16": gl.float16}
 
 
 @gluon.jit
-def _loader8(desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row_ptr, kv_lo, kv_hi, n_tiles,
-             rows_per_block, col_k, col_v, BLOCK_SIZE: gl.constexpr, TILE_N: gl.constexpr,
-             BOX_T: gl.constexpr, HEAD: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: each tile's K and V codes (two 128-byte chunks each) and its two scale boxes,
-    STAGES tiles ahead of the consumer, one box of BOX_T tokens (one cache block) at a time.
-    The boxes of the last head's V scale run past the row's end: TMA fills those bytes with
-    zeros and still counts them."""
-    tile_bytes: gl.constexpr = TILE_N * (4 * CH8 + 2 * SCB)
+def _loader8(desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty, bt_row_ptr, kv_lo,
+             kv_hi, n_tiles, rows_per_block, a_k, a_v, BLOCK_SIZE: gl.constexpr,
+             TILE_N: gl.constexpr, BOX_T: gl.constexpr, HEAD: gl.constexpr,
+             STAGES: gl.constexpr):
+    """One warp: each tile's codes and scales, STAGES tiles ahead of the consumer, one box of
+    BOX_T tokens (one cache block) at a time. Every box starts on a 16-byte boundary (TMA
+    faults on any other, H200, 2026-12-04), at a_k and a_v, the boundaries at or below a
+    head's K and V: K as two 128-byte chunks and a 32-byte tail, V as two 128-byte chunks and
+    a 16-byte tail that also holds V's scale, and a 16-byte box that holds K's scale."""
+    tile_bytes: gl.constexpr = TILE_N * (4 * CH8 + KT + 2 * SCB)
     for i in range(n_tiles):
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
@@ -114,13 +121,15 @@ def _loader8(desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row_ptr, kv_lo, kv_h
             blk = gl.load(bt_row_ptr + tok // BLOCK_SIZE, mask=tok < kv_hi, other=0)
             row = blk * rows_per_block + tok % BLOCK_SIZE
             for c in gl.static_range(2):
-                _tma_load(desc, [row, col_k + c * CH8], ready.index(s),
+                _tma_load(desc, [row, a_k + c * CH8], ready.index(s),
                           bufs.index(s * 4 + c).slice(j * BOX_T, BOX_T))
-                _tma_load(desc, [row, col_v + c * CH8], ready.index(s),
+                _tma_load(desc, [row, a_v + c * CH8], ready.index(s),
                           bufs.index(s * 4 + 2 + c).slice(j * BOX_T, BOX_T))
-            _tma_load(sc_desc, [row, col_k + HEAD], ready.index(s),
+            _tma_load(kt_desc, [row, a_k + HEAD], ready.index(s),
+                      kt_bufs.index(s).slice(j * BOX_T, BOX_T))
+            _tma_load(sc_desc, [row, a_k + HEAD], ready.index(s),
                       sc_bufs.index(s * 2).slice(j * BOX_T, BOX_T))
-            _tma_load(sc_desc, [row, col_v + HEAD], ready.index(s),
+            _tma_load(sc_desc, [row, a_v + HEAD], ready.index(s),
                       sc_bufs.index(s * 2 + 1).slice(j * BOX_T, BOX_T))
 
 
@@ -132,30 +141,53 @@ def _rows8(x):
 
 
 @gluon.jit
-def _scale_column(x, layout: gl.constexpr, sc_layout: gl.constexpr):
-    """Column 0 of a [TILE_N, 4] float32 tile: the scale each row's box starts with."""
-    col = gl.arange(0, 4, layout=gl.SliceLayout(0, sc_layout))
-    return gl.convert_layout(gl.sum(gl.where(col[None, :] == 0, x, 0.0), axis=1), layout)
+def _scale_column(x, at, layout: gl.constexpr, sc_layout: gl.constexpr):
+    """Column ``at`` of a [TILE_N, 4] float32 tile: the scale, 4 x at bytes into each row's
+    16-byte box. With the "direct" read each thread holds whole rows: the columns are split
+    out in registers and one select a row picks among the two of at's parity (a K scale
+    sits in column 0 or 2, a V scale in 1 or 3)."""
+    if SCALE_DIRECT:
+        even, odd = gl.split(gl.reshape(x, [x.shape[0], 2, 2]))
+        c0, c2 = gl.split(even)
+        c1, c3 = gl.split(odd)
+        lo = gl.where((at & 1) == 1, c1, c0)
+        hi = gl.where((at & 1) == 1, c3, c2)
+        return gl.convert_layout(gl.where(at >= 2, hi, lo), layout)
+    else:
+        col = gl.arange(0, 4, layout=gl.SliceLayout(0, sc_layout))
+        return gl.convert_layout(gl.sum(gl.where(col[None, :] == at, x, 0.0), axis=1), layout)
+
+
+# How a tile's scale box is read. "convert": each row once over the warpgroup, then a layout
+# conversion through shared memory to the score columns (two barriers a vector). "direct":
+# each thread reads the rows of the score columns it holds in the int8 wgmma's accumulator
+# (lane l: columns 2 (l % 4) + 8 j and the next, in every warp), no conversion and no
+# barrier, but every thread selects the scale among 4 floats of 16 rows. One a process
+# (--scale-load): the kernels read it when they compile.
+SCALE_LOADS = {"convert": gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]),
+               "direct": gl.BlockedLayout([2, 4], [4, 8], [1, 4], [0, 1])}
+SCALE_LOAD_LAYOUT = gl.constexpr(SCALE_LOADS["convert"])
+SCALE_DIRECT = gl.constexpr(False)
 
 
 # The scales of a [TILE_N, 16]-byte scale box, read as float32: Triton 3.9 renamed the shared
 # memory view's _reinterpret to reinterpret, so the one this Triton has is compiled in.
 @gluon.jit
-def _scales_old(sc_bufs, idx, TILE_N: gl.constexpr, layout: gl.constexpr):
-    sc_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])
+def _scales_old(sc_bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
+    sc_layout: gl.constexpr = SCALE_LOAD_LAYOUT
     f32_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
                                                   rank=2)
     x = sc_bufs.index(idx)._reinterpret(gl.float32, [TILE_N, 4], f32_smem).load(sc_layout)
-    return _scale_column(x, layout, sc_layout)
+    return _scale_column(x, at, layout, sc_layout)
 
 
 @gluon.jit
-def _scales_new(sc_bufs, idx, TILE_N: gl.constexpr, layout: gl.constexpr):
-    sc_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])
+def _scales_new(sc_bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
+    sc_layout: gl.constexpr = SCALE_LOAD_LAYOUT
     f32_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
                                                   rank=2)
     x = sc_bufs.index(idx).reinterpret(gl.float32, [TILE_N, 4], f32_smem).load(sc_layout)
-    return _scale_column(x, layout, sc_layout)
+    return _scale_column(x, at, layout, sc_layout)
 
 
 _scales = _scales_new if hasattr(gl.shared_memory_descriptor, "reinterpret") else _scales_old
@@ -192,16 +224,21 @@ def _p_scale(dtype: gl.constexpr, LAZY: gl.constexpr):
 
 
 @gluon.jit
-def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, widened, i, kv_lo, kv_hi, ctx,
-           qi0, q_sc, m_i, l_i, acc0, acc1, qk_scale, G: gl.constexpr, TILE_N: gl.constexpr,
-           STAGES: gl.constexpr, INT8_QK: gl.constexpr, MASKED: gl.constexpr,
-           LAZY: gl.constexpr, W: gl.constexpr, NUM_WG: gl.constexpr, s_layout: gl.constexpr,
-           o_layout: gl.constexpr, p_layout: gl.constexpr, ld_layout: gl.constexpr):
+def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened,
+           i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2, qk_scale,
+           G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
+           INT8_QK: gl.constexpr, MASKED: gl.constexpr, LAZY: gl.constexpr, W: gl.constexpr,
+           NUM_WG: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+           o2_layout: gl.constexpr, p_layout: gl.constexpr, p2_layout: gl.constexpr,
+           ld_layout: gl.constexpr, vt_layout: gl.constexpr):
     """One tile of the segment for warpgroup W: Q.K, the online softmax and P.V. MASKED
     builds the causal and segment-end mask; the caller passes False only for tiles every row
-    of the warpgroup sees whole."""
+    of the warpgroup sees whole. K's codes sit k_at bytes into their boxes (the query is
+    shifted to match, zeros beside it); V's sit v_at bytes in, so the accumulators hold V's
+    column d at d + v_at (the epilogue shifts them back)."""
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    row2_layout: gl.constexpr = gl.SliceLayout(1, o2_layout)
     s = i % STAGES
     phase = (i // STAGES) & 1
     start = kv_lo + i * TILE_N
@@ -211,16 +248,18 @@ def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, widened, i, kv_lo
                        use_acc=False, is_async=True)
     si = warpgroup_mma(qh_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), si,
                        is_async=True)
+    si = warpgroup_mma(qht, kt_bufs.index(s).permute((1, 0)), si, is_async=True)
     si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
     if INT8_QK == 2:
         sl = warpgroup_mma(ql_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
                            use_acc=False, is_async=True)
         sl = warpgroup_mma(ql_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), sl,
                            is_async=True)
+        sl = warpgroup_mma(qlt, kt_bufs.index(s).permute((1, 0)), sl, is_async=True)
         sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
         si = si * 256 + sl
-    k_sc = _scales(sc_bufs, s * 2, TILE_N, col_layout)
-    v_sc = _scales(sc_bufs, s * 2 + 1, TILE_N, col_layout)
+    k_sc = _scales(sc_bufs, s * 2, k_at // 4, TILE_N, col_layout)
+    v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
     sacc = si.to(gl.float32) * q_sc[:, None] * k_sc[None, :]
     if MASKED:
         t = start + gl.arange(0, TILE_N, layout=col_layout)
@@ -234,7 +273,7 @@ def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, widened, i, kv_lo
     if LAZY:
         # The rows keep their reference maximum until one of them grows past it by more than
         # RESCALE_LOG2 (P stays below 2**RESCALE_LOG2 meanwhile, well inside bf16): the
-        # accumulator's rescale, 128 FMULs a thread, then runs on few tiles. Exact either way:
+        # accumulator's rescale, 136 FMULs a thread, then runs on few tiles. Exact either way:
         # m_i, l_i and the accumulator always share one reference.
         if gl.max(m_new - m_i, axis=0) > RESCALE_LOG2:
             alpha = gl.exp2(m_i - m_new)
@@ -242,6 +281,7 @@ def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, widened, i, kv_lo
             a = gl.convert_layout(alpha, row_layout)[:, None]
             acc0 = acc0 * a
             acc1 = acc1 * a
+            acc2 = acc2 * gl.convert_layout(alpha, row2_layout)[:, None]
             m_i = m_new
         p = gl.exp2(sacc * qk_scale - m_i[:, None])
         l_i = l_i + gl.sum(p, axis=1)
@@ -253,44 +293,52 @@ def _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty, widened, i, kv_lo
         a = gl.convert_layout(alpha, row_layout)[:, None]
         acc0 = acc0 * a
         acc1 = acc1 * a
+        acc2 = acc2 * gl.convert_layout(alpha, row2_layout)[:, None]
     vdt: gl.constexpr = vbf.dtype
-    p = gl.convert_layout((p * (v_sc * _p_scale(vdt, LAZY))[None, :]).to(vdt), p_layout)
+    p = (p * (v_sc * _p_scale(vdt, LAZY))[None, :]).to(vdt)
+    p2 = gl.convert_layout(p, p2_layout)
+    p = gl.convert_layout(p, p_layout)
     if NUM_WG == 1:
-        # V widened once into the bf16 tile the P.V wgmma reads (int8 codes are exact there);
-        # the int8 stage is free once it is read.
+        # V widened once into the 16-bit tiles the P.V wgmma reads (int8 codes are exact
+        # there); the int8 stage is free once it is read.
         for c in gl.static_range(2):
             v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
             vbf.index(c).store(_widen(v8, vdt))
+        vbft.index(0).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
         fence_async_shared()
         mbarrier.arrive(empty.index(s), count=1)
         acc0 = warpgroup_mma(p, vbf.index(0), acc0, is_async=True)
         acc1 = warpgroup_mma(p, vbf.index(1), acc1, is_async=True)
-        acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+        acc2 = warpgroup_mma(p2, vbft.index(0), acc2, is_async=True)
+        acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
     else:
-        # Two warpgroups share the widening: W widens V's chunk W into this stage's bf16
-        # tile, and both wait for both halves. The stage (codes and bf16 tile) is released
-        # only after this warpgroup's P.V has read it.
+        # Two warpgroups share the widening: W widens V's chunk W into this stage's 16-bit
+        # tile (W = 0 the tail too), and both wait for both halves. The stage (codes and
+        # widened tiles) is released only after this warpgroup's P.V has read it.
         v8 = bufs.index(s * 4 + 2 + W).load(ld_layout)
         vbf.index(s * 2 + W).store(_widen(v8, vdt))
+        if W == 0:
+            vbft.index(s).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
         fence_async_shared()
         _partition_barrier()
         mbarrier.arrive(widened.index(s), count=1)
         mbarrier.wait(widened.index(s), phase)
         acc0 = warpgroup_mma(p, vbf.index(s * 2), acc0, is_async=True)
         acc1 = warpgroup_mma(p, vbf.index(s * 2 + 1), acc1, is_async=True)
-        acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+        acc2 = warpgroup_mma(p2, vbft.index(s), acc2, is_async=True)
+        acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
         mbarrier.arrive(empty.index(s), count=1)
-    return m_new, l_i, acc0, acc1
+    return m_new, l_i, acc0, acc1, acc2
 
 
 @gluon.jit
-def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, bufs, sc_bufs,
-              vbf, ready, empty, widened, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0,
-              kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
-              NUM_HEADS: gl.constexpr, G: gl.constexpr, WG_Q: gl.constexpr,
-              TILE_N: gl.constexpr, NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr,
-              INT8_QK: gl.constexpr, LAZY: gl.constexpr, W: gl.constexpr,
-              NUM_WG: gl.constexpr):
+def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
+              bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg,
+              q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+              stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr,
+              G: gl.constexpr, WG_Q: gl.constexpr, TILE_N: gl.constexpr,
+              NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr, INT8_QK: gl.constexpr,
+              LAZY: gl.constexpr, W: gl.constexpr, NUM_WG: gl.constexpr):
     """Consumer warpgroup W: every tile of the segment for its 64 query rows (WG_Q tokens x
     G heads from token tile_q0 + W * WG_Q), then the segment's partials as the Triton split
     pass writes them."""
@@ -298,32 +346,55 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH8, 16])
+    o2_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SCB, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    p2_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o2_layout, k_width=2)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    kt_layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    vt_layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    row2_layout: gl.constexpr = gl.SliceLayout(1, o2_layout)
 
-    # Query rows quantized per row to int8 (two terms with INT8_QK = 2), as _quantize_q.
+    # Query rows quantized per row to int8 (two terms with INT8_QK = 2), as _quantize_q,
+    # shifted k_at columns right as K's boxes are: zeros where the boxes hold other bytes.
     qi0 = tile_q0 + W * WG_Q
     r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
-    d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout))
+    d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
     qi = qi0 + r // G
     row_ok = (r < WG_Q * G) & (qi < q_len)
     q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
     q_base = q_ptr + q_rows[:, None] + d[None, :]
-    qa = gl.load(q_base, mask=row_ok[:, None], other=0.0).to(gl.float32)
+    qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :], other=0.0).to(gl.float32)
     qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
-    amax = gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1))
+    rt = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kt_layout))
+    dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
+    qit = qi0 + rt // G
+    q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
+                + (kv_head * G + rt % G) * stride_q_head)
+    qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :],
+                 mask=((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :],
+                 other=0.0).to(gl.float32)
+    amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
+                      gl.convert_layout(gl.max(gl.abs(qc), axis=1),
+                                        gl.SliceLayout(1, ld_layout)))
     inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
+    inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
+                              gl.SliceLayout(1, kt_layout))[:, None]
     xa = qa * inv
     xb = qb * inv
+    xc = qc * inv_t
     ha = _rows8(xa)
     hb = _rows8(xb)
+    hc = _rows8(xc)
     qh_smem.index(0).store(ha)
     qh_smem.index(1).store(hb)
+    qht.store(hc)
     q_sc = amax / 127.0
     if INT8_QK == 2:
         ql_smem.index(0).store(_rows8((xa - ha.to(gl.float32)) * 256.0))
         ql_smem.index(1).store(_rows8((xb - hb.to(gl.float32)) * 256.0))
+        qlt.store(_rows8((xc - hc.to(gl.float32)) * 256.0))
         q_sc = q_sc / 256.0
     fence_async_shared()
     q_sc = gl.convert_layout(q_sc, gl.SliceLayout(1, s_layout))
@@ -333,24 +404,27 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     l_i = gl.zeros([WG_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc0 = gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout)
     acc1 = gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout)
+    acc2 = gl.zeros([WG_ROWS, SCB], gl.float32, layout=o2_layout)
     # The tiles every row sees whole (before the first row's causal limit and inside the
     # segment) run without a mask; only the tail tiles build one. The steady loop then holds
     # no masking block, and its compiled size is what each of its tiles issues.
     n_full = gl.minimum(gl.maximum(gl.minimum(ctx + qi0 + 1, kv_hi) - kv_lo, 0) // TILE_N,
                         n_tiles)
     for i in range(n_full):
-        m_i, l_i, acc0, acc1 = _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty,
-                                      widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, m_i, l_i,
-                                      acc0, acc1, qk_scale, G, TILE_N, STAGES, INT8_QK, False,
-                                      LAZY, W, NUM_WG, s_layout, o_layout, p_layout, ld_layout)
+        m_i, l_i, acc0, acc1, acc2 = _tile8(
+            qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
+            widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
+            qk_scale, G, TILE_N, STAGES, INT8_QK, False, LAZY, W, NUM_WG, s_layout, o_layout,
+            o2_layout, p_layout, p2_layout, ld_layout, vt_layout)
     for i in range(n_full, n_tiles):
-        m_i, l_i, acc0, acc1 = _tile8(qh_smem, ql_smem, bufs, sc_bufs, vbf, ready, empty,
-                                      widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, m_i, l_i,
-                                      acc0, acc1, qk_scale, G, TILE_N, STAGES, INT8_QK, True,
-                                      LAZY, W, NUM_WG, s_layout, o_layout, p_layout, ld_layout)
+        m_i, l_i, acc0, acc1, acc2 = _tile8(
+            qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
+            widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
+            qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, W, NUM_WG, s_layout, o_layout,
+            o2_layout, p_layout, p2_layout, ld_layout, vt_layout)
 
     r_o = gl.arange(0, WG_ROWS, layout=row_layout)
-    d_o = gl.arange(0, CH8, layout=gl.SliceLayout(0, o_layout))
+    d_o = gl.arange(0, CH8, layout=gl.SliceLayout(0, o_layout)) - v_at
     qi_o = qi0 + r_o // G
     ok_o = (r_o < WG_Q * G) & (qi_o < q_len)
     part_row = (((seq * max_q + qi_o).to(gl.int64) * NUM_HEADS + kv_head * G + r_o % G)
@@ -359,27 +433,36 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     gl.store(part_max_ptr + part_row, gl.convert_layout(m_i, row_layout), mask=ok_o)
     gl.store(part_sum_ptr + part_row, l_o, mask=ok_o)
     inv_l = gl.where(l_o > 0.0, 1.0 / (l_o * _p_scale(vbf.dtype, LAZY)), 0.0)[:, None]
+    # Accumulator column c holds V's column c - v_at.
     o_base = part_out_ptr + part_row[:, None] * (2 * CH8) + d_o[None, :]
-    gl.store(o_base, acc0 * inv_l, mask=ok_o[:, None])
+    gl.store(o_base, acc0 * inv_l, mask=ok_o[:, None] & (d_o >= 0)[None, :])
     gl.store(o_base + CH8, acc1 * inv_l, mask=ok_o[:, None])
+    d_t = gl.arange(0, SCB, layout=gl.SliceLayout(0, o2_layout)) + 2 * CH8 - v_at
+    part_row2 = gl.convert_layout(part_row, row2_layout)
+    gl.store(part_out_ptr + part_row2[:, None] * (2 * CH8) + d_t[None, :],
+             acc2 * gl.convert_layout(inv_l, o2_layout),
+             mask=gl.convert_layout(ok_o, row2_layout)[:, None] & (d_t < 2 * CH8)[None, :])
 
 
 @gluon.jit
-def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, bufs,
-                     sc_bufs, vbf, ready, empty, widened, seq, kv_head, seg, q_start, q_len,
-                     seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
-                     stride_q_head, NUM_HEADS: gl.constexpr, G: gl.constexpr,
-                     WG_Q: gl.constexpr, TILE_N: gl.constexpr, NUM_SEGMENTS: gl.constexpr,
-                     STAGES: gl.constexpr, INT8_QK: gl.constexpr, LAZY: gl.constexpr):
+def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht,
+                     qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq,
+                     kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles,
+                     qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
+                     NUM_HEADS: gl.constexpr, G: gl.constexpr, WG_Q: gl.constexpr,
+                     TILE_N: gl.constexpr, NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr,
+                     INT8_QK: gl.constexpr, LAZY: gl.constexpr):
     # The second warpgroup runs as a worker partition: its index is fixed here.
-    _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, bufs, sc_bufs,
-              vbf, ready, empty, widened, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0,
-              kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, NUM_HEADS,
-              G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 1, 2)
+    _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
+              bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg,
+              q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+              stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
+              NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 1, 2)
 
 
 @gluon.jit
-def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc, sc_desc,
+def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc, kt_desc,
+                          sc_desc,
                           block_table_ptr, seq_lens_ptr, cu_seqlens_q_ptr, qk_scale,
                           min_seg_tokens, max_q, stride_q_tok, stride_q_head, stride_bt,
                           rows_per_block, stride_kv_head,
@@ -417,15 +500,21 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                  mask=ok)
     else:
         layout8: gl.constexpr = desc.layout
+        kt_layout: gl.constexpr = kt_desc.layout
         sc_layout: gl.constexpr = sc_desc.layout
         q8_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                        element_bitwidth=8, rank=2)
         vbf_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                         element_bitwidth=16, rank=2)
+        vbft_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32,
+                                                         element_bitwidth=16, rank=2)
         bufs = gl.allocate_shared_memory(gl.int8, [STAGES * 4, TILE_N, CH8], layout8)
+        kt_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, TILE_N, KT], kt_layout)
         sc_bufs = gl.allocate_shared_memory(gl.int8, [STAGES * 2, TILE_N, SCB], sc_layout)
         qh = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
         ql = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
+        qht = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
+        qlt = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         widened = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -435,51 +524,65 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             mbarrier.init(empty.index(i), count=NUM_WG)
             mbarrier.init(widened.index(i), count=NUM_WG)
         bt_row = block_table_ptr + seq.to(gl.int64) * stride_bt
+        # A head's K and V rarely start on the 16-byte boundary a TMA box must (a row of a
+        # head is 2 x (HEAD + 4) bytes): the boxes start at the boundary below, k_at and v_at
+        # bytes before the codes.
         col_k = kv_head * stride_kv_head
         col_v = col_k + HEAD + 4
+        k_at = col_k % 16
+        v_at = col_v % 16
+        a_k = col_k - k_at
+        a_v = col_v - v_at
         if NUM_WG == 2:
-            # A bf16 V tile a stage: the two warpgroups' P.V may be a tile apart.
+            # A 16-bit V tile a stage: the two warpgroups' P.V may be a tile apart.
             vbf = gl.allocate_shared_memory(V16, [STAGES * 2, TILE_N, CH8], vbf_layout)
+            vbft = gl.allocate_shared_memory(V16, [STAGES, TILE_N, SCB], vbft_layout)
             qh1 = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
             ql1 = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
+            qht1 = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
+            qlt1 = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
             gl.warp_specialize([
-                (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, bufs,
-                             sc_bufs, vbf, ready, empty, widened, seq, kv_head, seg, q_start,
-                             q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
-                             stride_q_tok, stride_q_head, NUM_HEADS, G, WG_Q, TILE_N,
-                             NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 0, 2)),
+                (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
+                             bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq,
+                             kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
+                             n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
+                             NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
+                             0, 2)),
                 (_consume8_second, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh1, ql1,
-                                    bufs, sc_bufs, vbf, ready, empty, widened, seq, kv_head,
-                                    seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
-                                    n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
-                                    NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK,
-                                    LAZY)),
-                (_loader8, (desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row, kv_lo, kv_hi,
-                            n_tiles, rows_per_block, col_k, col_v, BLOCK_SIZE, TILE_N, BOX_T,
-                            HEAD, STAGES)),
+                                    qht1, qlt1, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
+                                    empty, widened, seq, kv_head, seg, q_start, q_len, seq_len,
+                                    tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+                                    stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G,
+                                    WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY)),
+                (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
+                            bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
+                            BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             vbf = gl.allocate_shared_memory(V16, [2, TILE_N, CH8], vbf_layout)
+            vbft = gl.allocate_shared_memory(V16, [1, TILE_N, SCB], vbft_layout)
             gl.warp_specialize([
-                (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, bufs,
-                             sc_bufs, vbf, ready, empty, widened, seq, kv_head, seg, q_start,
-                             q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
-                             stride_q_tok, stride_q_head, NUM_HEADS, G, WG_Q, TILE_N,
-                             NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 0, 1)),
-                (_loader8, (desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row, kv_lo, kv_hi,
-                            n_tiles, rows_per_block, col_k, col_v, BLOCK_SIZE, TILE_N, BOX_T,
-                            HEAD, STAGES)),
+                (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
+                             bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq,
+                             kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
+                             n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
+                             NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
+                             0, 1)),
+                (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
+                            bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
+                            BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
             ], [1], [LOADER_REGS])
 
 
 # ---- host side -------------------------------------------------------------------------
 
 
-def descriptors(key_cache: Any, box_t: int) -> tuple[Any, Any, int, int]:
+def descriptors(key_cache: Any, box_t: int) -> tuple[Any, Any, Any, int, int]:
     """TMA descriptors over the whole int8_per_token_head buffer seen as [token rows, bytes of
-    a token row] (key_cache's base is the buffer's: K comes first in each head's row), one for
-    the 128-byte code chunks (128-byte swizzle) and one for the 16-byte scale boxes; and the
-    rows a block and the bytes a head, which the kernel's coordinates need."""
+    a token row] (key_cache's base is the buffer's: K comes first in each head's row): one for
+    the 128-byte code chunks (128-byte swizzle), one for K's 32-byte tail (32-byte swizzle,
+    a Q.K k-step) and one for the 16-byte boxes (V's tail, the scales); and the rows a block
+    and the bytes a head, which the kernel's coordinates need."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     num_blocks, block_size, num_kv_heads, padded = key_cache.shape
@@ -490,11 +593,52 @@ def descriptors(key_cache: Any, box_t: int) -> tuple[Any, Any, int, int]:
     rows_per_block = s_blk // s_slot
     rows = (num_blocks - 1) * rows_per_block + block_size
     codes = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    tail = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
     plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
     desc = TensorDescriptor(key_cache, [rows, s_slot], [s_slot, 1], [box_t, CH8.value], codes)
+    kt_desc = TensorDescriptor(key_cache, [rows, s_slot], [s_slot, 1], [box_t, KT.value], tail)
     sc_desc = TensorDescriptor(key_cache, [rows, s_slot], [s_slot, 1], [box_t, SCB.value],
                                plain)
-    return desc, sc_desc, rows_per_block, s_head
+    return desc, kt_desc, sc_desc, rows_per_block, s_head
+
+
+@gluon.jit
+def _probe_kernel(desc, out_ptr, col):
+    """One TMA box of 16 rows x 128 bytes from column ``col`` of desc's tensor, copied out."""
+    buf = gl.allocate_shared_memory(gl.int8, [16, CH8], desc.layout)
+    bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar.index(0), count=1)
+    mbarrier.expect(bar.index(0), 16 * CH8)
+    _tma_load(desc, [0, col], bar.index(0), buf)
+    mbarrier.wait(bar.index(0), 0)
+    ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    r = gl.arange(0, 16, layout=gl.SliceLayout(1, ld))
+    c = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld))
+    gl.store(out_ptr + r[:, None] * CH8 + c[None, :], buf.load(ld))
+
+
+def probe_tma_column(col: int, row_bytes: int = 2080) -> str:
+    """Whether a 128-byte TMA box (128-byte swizzle) may start ``col`` bytes into a row of
+    an int8 tensor whose base and row pitch are 16-byte aligned: 'ok', 'wrong data' or the
+    error. A fault poisons the CUDA context, so call it once a process."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    gen = torch.Generator(device="cuda").manual_seed(col)
+    x = torch.randint(-128, 128, (64, row_bytes), dtype=torch.int8, device="cuda",
+                      generator=gen)
+    codes = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    desc = TensorDescriptor(x, [64, row_bytes], [row_bytes, 1], [16, CH8.value], codes)
+    out = torch.empty(16, CH8.value, dtype=torch.int8, device="cuda")
+    try:
+        _probe_kernel[(1,)](desc, out, col, num_warps=4)
+        torch.cuda.synchronize()
+    except Exception as exc:  # the answer sought: how the hardware takes the box
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    want = torch.zeros_like(out)
+    span = min(CH8.value, row_bytes - col)
+    want[:, :span] = x[:16, col:col + span]
+    return "ok" if torch.equal(out, want) else "wrong data"
 
 
 def warpgroups(q: int, group: int) -> tuple[int, int]:
@@ -521,10 +665,10 @@ def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
     num_wg, wg_q = warpgroups(batch.max_query_len, group)
     if block_size % BOX_T:
         raise ValueError(f"cache blocks of {block_size} tokens: the candidate boxes {BOX_T}")
-    desc, sc_desc, rows_per_block, s_head = descriptors(key_cache, BOX_T)
+    desc, kt_desc, sc_desc, rows_per_block, s_head = descriptors(key_cache, BOX_T)
     grid = (batch.seq_lens.shape[0], num_kv_heads, plan.num_segments)
     _ws_split_int8_kernel[grid](
-        workspace.part_out, workspace.part_max, workspace.part_sum, q, desc, sc_desc,
+        workspace.part_out, workspace.part_max, workspace.part_sum, q, desc, kt_desc, sc_desc,
         batch.block_table, batch.seq_lens, batch.cu_seqlens_q, qk_scale,
         plan.min_segment_tokens, batch.max_query_len, q.stride(0), q.stride(1),
         batch.block_table.stride(0), rows_per_block, s_head,
@@ -545,6 +689,7 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
 
     fn = _ws_split_int8_kernel
     codes = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    tail = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
     plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
     signature: dict[str, str] = {}
     for name in fn.arg_names:
@@ -554,6 +699,8 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
             signature[name] = "*bf16"
         elif name == "desc":
             signature[name] = f"tensordesc<i8[{BOX_T}, {CH8.value}],{codes!r}>"
+        elif name == "kt_desc":
+            signature[name] = f"tensordesc<i8[{BOX_T}, {KT.value}],{tail!r}>"
         elif name == "sc_desc":
             signature[name] = f"tensordesc<i8[{BOX_T}, {SCB.value}],{plain!r}>"
         elif name.endswith("_ptr"):
@@ -594,8 +741,23 @@ def main() -> int:
                         help="comma-separated dtypes V is widened into: bf16, fp16")
     parser.add_argument("--queries", default="8,16", help="comma-separated verify lengths")
     parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--scale-load", choices=sorted(SCALE_LOADS), default="convert",
+                        help="how a tile's scales are read (see SCALE_LOADS)")
+    parser.add_argument("--segments", type=int, default=None,
+                        help="KV segments a request (a power of two; default: the Hopper "
+                        "planner's)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--probe-column", type=int, default=None,
+                        help="on a GPU: load one TMA box from this byte column and say how "
+                        "it went (one column a process)")
     args = parser.parse_args()
+    global SCALE_LOAD_LAYOUT, SCALE_DIRECT
+    SCALE_LOAD_LAYOUT = gl.constexpr(SCALE_LOADS[args.scale_load])
+    SCALE_DIRECT = gl.constexpr(args.scale_load == "direct")
+    if args.probe_column is not None:
+        print(f"TMA box at byte column {args.probe_column}: "
+              f"{probe_tma_column(args.probe_column)}", flush=True)
+        return 0
     variants = [(int(m), bool(int(lz)), vt) for m in args.int8_qk.split(",") if m
                 for lz in args.lazy.split(",") if lz for vt in args.v_tile.split(",") if vt]
     if unknown := {vt for _, _, vt in variants} - set(V_TILES):
@@ -606,7 +768,7 @@ def main() -> int:
     if not args.tree:
         parser.error("--tree is needed for a device run")
     return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c], variants,
-                       queries, args.stages, args.json)
+                       queries, args.stages, args.json, args.segments)
 
 
 def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
@@ -673,7 +835,8 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
 
 
 def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, str]],
-                queries: list[int], stages: int, out: Path | None) -> int:
+                queries: list[int], stages: int, out: Path | None,
+                segments: int | None = None) -> int:
     """On an H200: every KV head's output against the float32 reference, then the candidate
     (split + the tree's reduce) and the production int8 plan timed side by side, for each
     verify length."""
@@ -702,7 +865,7 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                     kernel="triton", **tiles.plan_overrides())
         # Segments as the Hopper planner splits 64-key tiles (its reduce pass reads them).
         cand_plan = sda.plan_launch(1, q, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
-                                    kernel="hopper") if ws.hopper else None
+                                    kernel="hopper", num_segments=segments) if ws.hopper else None
         if cand_plan is None or cand_plan.tile_n != TILE_N:
             print(f"the planner gave no 64-key Hopper plan ({cand_plan})", file=sys.stderr)
             return 2
@@ -715,7 +878,11 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                           for b, o in zip(batches, prod_outs, strict=True)]
             t_prod = bench._time_graph(torch, prod_calls)
             prod_err = ref.compare(prod_outs[0], want, batches[0])
-            row: dict[str, Any] = {"context": ctx, "q": q, "production_us": t_prod * 1e6,
+            row: dict[str, Any] = {"context": ctx, "q": q, "stages": stages,
+                                   "scale_load": next(k for k, v in SCALE_LOADS.items()
+                                                      if v == SCALE_LOAD_LAYOUT.value),
+                                   "segments": cand_plan.num_segments,
+                                   "production_us": t_prod * 1e6,
                                    "production_rel_err": prod_err["rel_err"],
                                    "floor_us": cell.kv_bytes / copy_bw * 1e6}
             for mode, lazy, v_tile in variants:

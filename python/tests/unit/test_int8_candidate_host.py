@@ -53,12 +53,15 @@ def test_descriptors_span_every_token_row_of_the_cache(cand: ModuleType) -> None
     blocks, block, kv_heads, head = 5, 16, 4, 256
     padded = head + 4  # each row: K codes, K scale, V codes, V scale
     buf = torch.zeros(blocks, block, kv_heads, 2 * padded, dtype=torch.int8)
-    desc, sc_desc, rows_per_block, s_head = cand.descriptors(buf[..., :padded], 16)
+    desc, kt_desc, sc_desc, rows_per_block, s_head = cand.descriptors(buf[..., :padded], 16)
     row_bytes = kv_heads * 2 * padded
     # Every token row of every block, the last block's slots included.
-    assert list(desc.shape) == [blocks * block, row_bytes]
-    assert list(desc.strides) == [row_bytes, 1]
-    assert list(desc.block_shape) == [16, 128] and list(sc_desc.block_shape) == [16, 16]
+    for d in (desc, kt_desc, sc_desc):
+        assert list(d.shape) == [blocks * block, row_bytes]
+        assert list(d.strides) == [row_bytes, 1]
+    # 128-byte code chunks, K's 32-byte tail (a Q.K k-step), 16-byte V tails and scales.
+    assert [list(d.block_shape) for d in (desc, kt_desc, sc_desc)] == [[16, 128], [16, 32],
+                                                                       [16, 16]]
     # The kernel's K column is head * s_head; its V column s_head / 2 further.
     assert (rows_per_block, s_head) == (block, 2 * padded)
 
