@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import importlib
 import json
 import os
@@ -915,8 +916,15 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
             rows.append(row)
             print(json.dumps(row), flush=True)
     if out:
-        out.write_text(json.dumps({"triton": importlib.import_module("triton").__version__,
-                                   "rows": rows}, indent=1))
+        # What made the record: tests/gpu/test_int8_candidate_record.py holds a record only to
+        # the candidate it was made with.
+        out.write_text(json.dumps({
+            "candidate_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": importlib.import_module("triton").__version__,
+            "scale_load": next(k for k, v in SCALE_LOADS.items()
+                               if v == SCALE_LOAD_LAYOUT.value),
+            "rows": rows}, indent=1))
     return 0
 
 
