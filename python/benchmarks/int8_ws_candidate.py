@@ -169,6 +169,8 @@ SCALE_LOADS = {"convert": gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]),
                "direct": gl.BlockedLayout([2, 4], [4, 8], [1, 4], [0, 1])}
 SCALE_LOAD_LAYOUT = gl.constexpr(SCALE_LOADS["convert"])
 SCALE_DIRECT = gl.constexpr(False)
+# --pingpong (host side only: the kernel takes it as PP).
+PINGPONG = False
 
 
 # The scales of a [TILE_N, 16]-byte scale box, read as float32: Triton 3.9 renamed the shared
@@ -229,7 +231,8 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
            i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2, qk_scale,
            G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
            INT8_QK: gl.constexpr, MASKED: gl.constexpr, LAZY: gl.constexpr, W: gl.constexpr,
-           NUM_WG: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+           NUM_WG: gl.constexpr, PP: gl.constexpr, s_layout: gl.constexpr,
+           o_layout: gl.constexpr,
            o2_layout: gl.constexpr, p_layout: gl.constexpr, p2_layout: gl.constexpr,
            ld_layout: gl.constexpr, vt_layout: gl.constexpr):
     """One tile of the segment for warpgroup W: Q.K, the online softmax and P.V. MASKED
@@ -299,18 +302,18 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
     p = (p * (v_sc * _p_scale(vdt, LAZY))[None, :]).to(vdt)
     p2 = gl.convert_layout(p, p2_layout)
     p = gl.convert_layout(p, p_layout)
-    if NUM_WG == 1:
+    if NUM_WG == 1 or PP:
         # V widened once into the 16-bit tiles the P.V wgmma reads (int8 codes are exact
-        # there); the int8 stage is free once it is read.
+        # there; with PP each warpgroup has its own, W); the int8 stage is free once read.
         for c in gl.static_range(2):
             v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
-            vbf.index(c).store(_widen(v8, vdt))
-        vbft.index(0).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
+            vbf.index(W * 2 + c).store(_widen(v8, vdt))
+        vbft.index(W).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
         fence_async_shared()
         mbarrier.arrive(empty.index(s), count=1)
-        acc0 = warpgroup_mma(p, vbf.index(0), acc0, is_async=True)
-        acc1 = warpgroup_mma(p, vbf.index(1), acc1, is_async=True)
-        acc2 = warpgroup_mma(p2, vbft.index(0), acc2, is_async=True)
+        acc0 = warpgroup_mma(p, vbf.index(W * 2), acc0, is_async=True)
+        acc1 = warpgroup_mma(p, vbf.index(W * 2 + 1), acc1, is_async=True)
+        acc2 = warpgroup_mma(p2, vbft.index(W), acc2, is_async=True)
         acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
     else:
         # Two warpgroups share the widening: W widens V's chunk W into this stage's 16-bit
@@ -339,10 +342,13 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
               stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr,
               G: gl.constexpr, WG_Q: gl.constexpr, TILE_N: gl.constexpr,
               NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr, INT8_QK: gl.constexpr,
-              LAZY: gl.constexpr, W: gl.constexpr, NUM_WG: gl.constexpr):
+              LAZY: gl.constexpr, W: gl.constexpr, NUM_WG: gl.constexpr,
+              PP: gl.constexpr):
     """Consumer warpgroup W: every tile of the segment for its 64 query rows (WG_Q tokens x
     G heads from token tile_q0 + W * WG_Q), then the segment's partials as the Triton split
-    pass writes them."""
+    pass writes them. PP (ping-pong): both warpgroups take the same rows, W the tiles
+    i = W mod 2, and W's partials go to segment seg + W (the caller passes 2 x its own);
+    warpgroup 0 writes the shared quantized query and says so on widened[0]."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -359,7 +365,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
 
     # Query rows quantized per row to int8 (two terms with INT8_QK = 2), as _quantize_q,
     # shifted k_at columns right as K's boxes are: zeros where the boxes hold other bytes.
-    qi0 = tile_q0 + W * WG_Q
+    qi0 = tile_q0 if PP else tile_q0 + W * WG_Q
     r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
     d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
     qi = qi0 + r // G
@@ -388,16 +394,23 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     ha = _rows8(xa)
     hb = _rows8(xb)
     hc = _rows8(xc)
-    qh_smem.index(0).store(ha)
-    qh_smem.index(1).store(hb)
-    qht.store(hc)
     q_sc = amax / 127.0
     if INT8_QK == 2:
-        ql_smem.index(0).store(_rows8((xa - ha.to(gl.float32)) * 256.0))
-        ql_smem.index(1).store(_rows8((xb - hb.to(gl.float32)) * 256.0))
-        qlt.store(_rows8((xc - hc.to(gl.float32)) * 256.0))
         q_sc = q_sc / 256.0
-    fence_async_shared()
+    if W == 0 or not PP:
+        qh_smem.index(0).store(ha)
+        qh_smem.index(1).store(hb)
+        qht.store(hc)
+        if INT8_QK == 2:
+            ql_smem.index(0).store(_rows8((xa - ha.to(gl.float32)) * 256.0))
+            ql_smem.index(1).store(_rows8((xb - hb.to(gl.float32)) * 256.0))
+            qlt.store(_rows8((xc - hc.to(gl.float32)) * 256.0))
+        fence_async_shared()
+        if PP:
+            _partition_barrier()
+            mbarrier.arrive(widened.index(0), count=1)
+    else:
+        mbarrier.wait(widened.index(0), 0)
     q_sc = gl.convert_layout(q_sc, gl.SliceLayout(1, s_layout))
 
     ctx = seq_len - q_len
@@ -411,25 +424,31 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # no masking block, and its compiled size is what each of its tiles issues.
     n_full = gl.minimum(gl.maximum(gl.minimum(ctx + qi0 + 1, kv_hi) - kv_lo, 0) // TILE_N,
                         n_tiles)
-    for i in range(n_full):
+    STEP: gl.constexpr = 2 if PP else 1
+    first = W if PP else 0
+    tail = n_full + (n_full + W) % 2 if PP else n_full
+    for i in range(first, n_full, STEP):
         m_i, l_i, acc0, acc1, acc2 = _tile8(
             qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
             widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
-            qk_scale, G, TILE_N, STAGES, INT8_QK, False, LAZY, W, NUM_WG, s_layout, o_layout,
+            qk_scale, G, TILE_N, STAGES, INT8_QK, False, LAZY, W, NUM_WG, PP, s_layout,
+            o_layout,
             o2_layout, p_layout, p2_layout, ld_layout, vt_layout)
-    for i in range(n_full, n_tiles):
+    for i in range(tail, n_tiles, STEP):
         m_i, l_i, acc0, acc1, acc2 = _tile8(
             qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
             widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
-            qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, W, NUM_WG, s_layout, o_layout,
+            qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, W, NUM_WG, PP, s_layout,
+            o_layout,
             o2_layout, p_layout, p2_layout, ld_layout, vt_layout)
 
     r_o = gl.arange(0, WG_ROWS, layout=row_layout)
     d_o = gl.arange(0, CH8, layout=gl.SliceLayout(0, o_layout)) - v_at
     qi_o = qi0 + r_o // G
     ok_o = (r_o < WG_Q * G) & (qi_o < q_len)
+    seg_o = seg + W if PP else seg
     part_row = (((seq * max_q + qi_o).to(gl.int64) * NUM_HEADS + kv_head * G + r_o % G)
-                * NUM_SEGMENTS + seg)
+                * NUM_SEGMENTS + seg_o)
     l_o = gl.convert_layout(l_i, row_layout)
     gl.store(part_max_ptr + part_row, gl.convert_layout(m_i, row_layout), mask=ok_o)
     gl.store(part_sum_ptr + part_row, l_o, mask=ok_o)
@@ -452,13 +471,13 @@ def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, q
                      qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                      NUM_HEADS: gl.constexpr, G: gl.constexpr, WG_Q: gl.constexpr,
                      TILE_N: gl.constexpr, NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr,
-                     INT8_QK: gl.constexpr, LAZY: gl.constexpr):
+                     INT8_QK: gl.constexpr, LAZY: gl.constexpr, PP: gl.constexpr):
     # The second warpgroup runs as a worker partition: its index is fixed here.
     _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
               bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg,
               q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
               stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
-              NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 1, 2)
+              NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 1, 2, PP)
 
 
 @gluon.jit
@@ -471,9 +490,11 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                           WG_Q: gl.constexpr, NUM_WG: gl.constexpr, TILE_N: gl.constexpr,
                           BOX_T: gl.constexpr, NUM_SEGMENTS: gl.constexpr,
                           STAGES: gl.constexpr, HEAD: gl.constexpr, INT8_QK: gl.constexpr,
-                          LAZY: gl.constexpr, V16: gl.constexpr):
+                          LAZY: gl.constexpr, V16: gl.constexpr, PP: gl.constexpr):
     """Grid (num_seqs, num_kv_heads, NUM_SEGMENTS): one query tile a request (q <= WG_Q x
-    NUM_WG), segments split as the Triton split pass splits them."""
+    NUM_WG), segments split as the Triton split pass splits them. PP (ping-pong, two
+    warpgroups on the same rows, alternate tiles): NUM_SEGMENTS / 2 programs a head, each
+    over two segments' tokens, each warpgroup's partials a segment of their own."""
     pid = gl.program_id(0)
     kv_head = gl.program_id(1)
     seg = gl.program_id(2)
@@ -482,7 +503,8 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
     q_start = gl.load(cu_seqlens_q_ptr + seq)
     q_len = gl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     seq_len = gl.load(seq_lens_ptr + seq)
-    per_seg = gl.cdiv(gl.cdiv(seq_len, NUM_SEGMENTS), TILE_N) * TILE_N
+    CTA_SEGMENTS: gl.constexpr = NUM_SEGMENTS // 2 if PP else NUM_SEGMENTS
+    per_seg = gl.cdiv(gl.cdiv(seq_len, CTA_SEGMENTS), TILE_N) * TILE_N
     seg_tokens = gl.maximum(per_seg, min_seg_tokens)
     kv_lo = seg * seg_tokens
     tile_rows = gl.minimum(q_len, WG_Q * NUM_WG)
@@ -493,12 +515,14 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         r = gl.arange(0, WG_ROWS * NUM_WG, layout=e_layout)
         qi = r // G
         ok = (r < WG_Q * NUM_WG * G) & (qi < q_len)
-        row = (((seq * max_q + qi).to(gl.int64) * NUM_HEADS + kv_head * G + r % G)
-               * NUM_SEGMENTS + seg)
-        gl.store(part_max_ptr + row,
-                 gl.full([WG_ROWS * NUM_WG], -1.0e30, gl.float32, layout=e_layout), mask=ok)
-        gl.store(part_sum_ptr + row, gl.zeros([WG_ROWS * NUM_WG], gl.float32, layout=e_layout),
-                 mask=ok)
+        for w in gl.static_range(2 if PP else 1):
+            row = (((seq * max_q + qi).to(gl.int64) * NUM_HEADS + kv_head * G + r % G)
+                   * NUM_SEGMENTS + seg * (2 if PP else 1) + w)
+            gl.store(part_max_ptr + row,
+                     gl.full([WG_ROWS * NUM_WG], -1.0e30, gl.float32, layout=e_layout),
+                     mask=ok)
+            gl.store(part_sum_ptr + row,
+                     gl.zeros([WG_ROWS * NUM_WG], gl.float32, layout=e_layout), mask=ok)
     else:
         layout8: gl.constexpr = desc.layout
         kt_layout: gl.constexpr = kt_desc.layout
@@ -522,8 +546,9 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             # Every consumer warpgroup releases a stage, and (two of them) widens half of V.
-            mbarrier.init(empty.index(i), count=NUM_WG)
-            mbarrier.init(widened.index(i), count=NUM_WG)
+            # With PP one warpgroup reads a stage, and widened[0] says the query is there.
+            mbarrier.init(empty.index(i), count=1 if PP else NUM_WG)
+            mbarrier.init(widened.index(i), count=1 if PP else NUM_WG)
         bt_row = block_table_ptr + seq.to(gl.int64) * stride_bt
         # A head's K and V rarely start on the 16-byte boundary a TMA box must (a row of a
         # head is 2 x (HEAD + 4) bytes): the boxes start at the boundary below, k_at and v_at
@@ -534,7 +559,29 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         v_at = col_v % 16
         a_k = col_k - k_at
         a_v = col_v - v_at
-        if NUM_WG == 2:
+        if PP:
+            # Two warpgroups on alternate tiles of the same rows: one query copy, a 16-bit V
+            # tile each; their partials are segments 2 seg and 2 seg + 1.
+            vbf = gl.allocate_shared_memory(V16, [4, TILE_N, CH8], vbf_layout)
+            vbft = gl.allocate_shared_memory(V16, [2, TILE_N, SCB], vbft_layout)
+            gl.warp_specialize([
+                (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
+                             bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq,
+                             kv_head, seg * 2, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
+                             n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
+                             NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
+                             0, 2, True)),
+                (_consume8_second, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql,
+                                    qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
+                                    empty, widened, seq, kv_head, seg * 2, q_start, q_len,
+                                    seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+                                    stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G,
+                                    WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY, True)),
+                (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
+                            bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
+                            BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif NUM_WG == 2:
             # A 16-bit V tile a stage: the two warpgroups' P.V may be a tile apart.
             vbf = gl.allocate_shared_memory(V16, [STAGES * 2, TILE_N, CH8], vbf_layout)
             vbft = gl.allocate_shared_memory(V16, [STAGES, TILE_N, SCB], vbft_layout)
@@ -548,13 +595,14 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                              kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
                              n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                              NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
-                             0, 2)),
+                             0, 2, False)),
                 (_consume8_second, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh1, ql1,
                                     qht1, qlt1, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
                                     empty, widened, seq, kv_head, seg, q_start, q_len, seq_len,
                                     tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
                                     stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G,
-                                    WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY)),
+                                    WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
+                                    False)),
                 (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
@@ -568,7 +616,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                              kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
                              n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                              NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
-                             0, 1)),
+                             0, 1, False)),
                 (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
@@ -654,9 +702,12 @@ def warpgroups(q: int, group: int) -> tuple[int, int]:
 
 
 def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
-           stages: int, lazy: bool = False, v_tile: str = "bf16") -> None:
+           stages: int, lazy: bool = False, v_tile: str = "bf16",
+           pingpong: bool = False) -> None:
     """The split pass into ``workspace``'s partials (qk_scale includes log2(e)); the tree's
-    reduce pass (launch_reduce with the same plan) turns them into the output."""
+    reduce pass (launch_reduce with the same plan) turns them into the output. pingpong: two
+    warpgroups on alternate tiles of one warpgroup's rows, half the plan's segments as
+    programs."""
     q, key_cache = batch.query, batch.key_cache
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -664,10 +715,16 @@ def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
     if head_size != 2 * CH8.value:
         raise ValueError("the candidate handles head size 256 only")
     num_wg, wg_q = warpgroups(batch.max_query_len, group)
+    if pingpong:
+        if num_wg != 1 or plan.num_segments % 2:
+            raise ValueError(f"ping-pong takes one warpgroup of rows and an even number of "
+                             f"segments, not q={batch.max_query_len} x G={group} over "
+                             f"{plan.num_segments}")
+        num_wg = 2
     if block_size % BOX_T:
         raise ValueError(f"cache blocks of {block_size} tokens: the candidate boxes {BOX_T}")
     desc, kt_desc, sc_desc, rows_per_block, s_head = descriptors(key_cache, BOX_T)
-    grid = (batch.seq_lens.shape[0], num_kv_heads, plan.num_segments)
+    grid = (batch.seq_lens.shape[0], num_kv_heads, plan.num_segments // (2 if pingpong else 1))
     _ws_split_int8_kernel[grid](
         workspace.part_out, workspace.part_max, workspace.part_sum, q, desc, kt_desc, sc_desc,
         batch.block_table, batch.seq_lens, batch.cu_seqlens_q, qk_scale,
@@ -676,12 +733,12 @@ def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
         NUM_HEADS=num_heads, G=num_heads // num_kv_heads, BLOCK_SIZE=block_size,
         WG_Q=wg_q, NUM_WG=num_wg, TILE_N=TILE_N, BOX_T=BOX_T,
         NUM_SEGMENTS=plan.num_segments, STAGES=stages, HEAD=head_size, INT8_QK=int8_qk,
-        LAZY=lazy, V16=V_TILES[v_tile], num_warps=4, maxnreg=MAXNREG,
+        LAZY=lazy, V16=V_TILES[v_tile], PP=pingpong, num_warps=4, maxnreg=MAXNREG,
     )
 
 
 def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
-                 lazy: bool = False, v_tile: str = "bf16") -> Any:
+                 lazy: bool = False, v_tile: str = "bf16", pingpong: bool = False) -> Any:
     """The kernel compiled ahead of time for sm_90a (no GPU): 24/4 heads, head size 256,
     16-token blocks."""
     import triton
@@ -715,10 +772,12 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
         else:
             signature[name] = "constexpr"
     num_wg, wg_q = warpgroups(q, 6)
+    if pingpong:
+        num_wg = 2
     constexprs = {"NUM_HEADS": 24, "G": 6, "BLOCK_SIZE": 16, "WG_Q": wg_q, "NUM_WG": num_wg,
                   "TILE_N": TILE_N,
                   "BOX_T": BOX_T, "NUM_SEGMENTS": segments, "STAGES": stages, "HEAD": 256,
-                  "INT8_QK": int8_qk, "LAZY": lazy, "V16": V_TILES[v_tile]}
+                  "INT8_QK": int8_qk, "LAZY": lazy, "V16": V_TILES[v_tile], "PP": pingpong}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name.endswith("_ptr")}
     source = GluonASTSource(
@@ -747,12 +806,21 @@ def main() -> int:
     parser.add_argument("--segments", type=int, default=None,
                         help="KV segments a request (a power of two; default: the Hopper "
                         "planner's)")
+    parser.add_argument("--maxnreg", type=int, default=None,
+                        help="registers a thread at launch (the partitions' setmaxnreg share "
+                        "them out; default 168); 9 warps (two consumer warpgroups) allow up "
+                        "to 224")
+    parser.add_argument("--pingpong", action="store_true",
+                        help="two warpgroups on alternate tiles of one warpgroup's rows "
+                        "(q x G <= 64); give --segments twice the programs wanted")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--probe-column", type=int, default=None,
                         help="on a GPU: load one TMA box from this byte column and say how "
                         "it went (one column a process)")
     args = parser.parse_args()
-    global SCALE_LOAD_LAYOUT, SCALE_DIRECT
+    global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, MAXNREG
+    PINGPONG = args.pingpong
+    MAXNREG = args.maxnreg or MAXNREG
     SCALE_LOAD_LAYOUT = gl.constexpr(SCALE_LOADS[args.scale_load])
     SCALE_DIRECT = gl.constexpr(args.scale_load == "direct")
     if args.probe_column is not None:
@@ -773,7 +841,8 @@ def main() -> int:
 
 
 def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
-    return f"qk{int8_qk}" + ("-lazy" if lazy else "") + ("-f16" if v_tile == "fp16" else "")
+    return (f"qk{int8_qk}" + ("-lazy" if lazy else "") + ("-f16" if v_tile == "fp16" else "")
+            + ("-pp" if PINGPONG else ""))
 
 
 def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], stages: int,
@@ -795,9 +864,13 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
     with tempfile.TemporaryDirectory() as tmp:
         for q in queries:
             num_wg, _ = warpgroups(q, 6)
+            # With ping-pong each tile runs through one of the two warpgroups' loops.
+            share = 2 if PINGPONG else 1
+            num_wg *= share
             for mode, lazy, v_tile in variants:
                 name = variant_name(mode, lazy, v_tile)
-                compiled = compile_sm90(mode, stages, q=q, lazy=lazy, v_tile=v_tile)
+                compiled = compile_sm90(mode, stages, q=q, lazy=lazy, v_tile=v_tile,
+                                        pingpong=PINGPONG)
                 loops = mma_loops(sass_of(compiled.asm["cubin"], Path(tmp)))
                 if len(loops) != 2 * num_wg:
                     raise RuntimeError(f"{name} q={q}: {len(loops)} MMA loops, expected two a "
@@ -810,7 +883,7 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                                            f" is not smaller than its tail ({b.instructions})")
                 insts = sum(loop.instructions for loop in steady)
                 guarded = sum(loop.guarded for loop in steady)
-                per_token = insts * 4 / TILE_N
+                per_token = insts * 4 / TILE_N / share
                 # The loops' issue floor at 64k (batch 1, 4 KV heads) on the H200.
                 issue_us = per_token * 65536 * 4 / (H200_SMS * ISSUE_PER_SM * H200_CLOCK_GHZ
                                                     * 1e3)
@@ -826,7 +899,8 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                              "tail_loop_insts_per_warp": sum(b.instructions for b in tail),
                              "loop_insts_guarded": guarded,
                              "warp_insts_per_token": per_token,
-                             "steady_warp_insts_per_token": (insts - guarded) * 4 / TILE_N,
+                             "steady_warp_insts_per_token": (insts - guarded) * 4 / TILE_N
+                             / share,
                              "mma_per_warp": sum(loop.mma for loop in steady),
                              "classes": classes, "issue_floor_us_64k": issue_us})
                 print(json.dumps(rows[-1]), flush=True)
@@ -880,6 +954,7 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
             t_prod = bench._time_graph(torch, prod_calls)
             prod_err = ref.compare(prod_outs[0], want, batches[0])
             row: dict[str, Any] = {"context": ctx, "q": q, "stages": stages,
+                                   "maxnreg": MAXNREG, "pingpong": PINGPONG,
                                    "scale_load": next(k for k, v in SCALE_LOADS.items()
                                                       if v == SCALE_LOAD_LAYOUT.value),
                                    "segments": cand_plan.num_segments,
@@ -892,7 +967,8 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
 
                 def call(b: Any, o: Any, mode: int = mode, lazy: bool = lazy,
                          v_tile: str = v_tile, plan: Any = cand_plan) -> None:
-                    launch(b, ws, plan, scale * 1.4426950408889634, mode, stages, lazy, v_tile)
+                    launch(b, ws, plan, scale * 1.4426950408889634, mode, stages, lazy, v_tile,
+                           PINGPONG)
                     sda.launch_reduce(o, b.cu_seqlens_q, b.max_query_len, ws, plan)
 
                 try:

@@ -502,7 +502,8 @@ def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -
     a branch skips; lazy, the rescale is such a block and the tiles that skip it issue less
     than the eager loop. At q = 8 every variant stays within BUDGET_WARP_INSTS_PER_TOKEN; at
     q = 16 the two warpgroups share V's widening, so a KV token costs clearly less than two
-    q = 8 warpgroups would; the fp16 widening (the 1024 bias) issues less than bf16's."""
+    q = 8 warpgroups would; the fp16 widening (the 1024 bias) issues less than bf16's. The
+    ping-pong variant (two warpgroups on alternate tiles) compiles too, within the budget."""
     out = tmp_path / "candidate.json"
     script = worker.BENCH_DIR / "int8_ws_candidate.py"
     proc = subprocess.run([sys.executable, str(script), "--compile-only", "--json", str(out)],
@@ -545,6 +546,20 @@ def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -
             bf16 = rows[(variant.removesuffix("-f16"), q)]
             assert r["classes"]["convert"] < bf16["classes"]["convert"], r
             assert r["steady_warp_insts_per_token"] <= bf16["steady_warp_insts_per_token"] - 3, r
+    # Ping-pong (two warpgroups on alternate tiles of one warpgroup's rows, three stages):
+    # two loops a warpgroup, each tile through one of them, one query copy for both.
+    pp_out = tmp_path / "pingpong.json"
+    proc = subprocess.run([sys.executable, str(script), "--compile-only", "--pingpong",
+                           "--stages", "3", "--queries", "8", "--int8-qk", "2", "--lazy", "0",
+                           "--v-tile", "fp16", "--json", str(pp_out)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (pp,) = json.loads(pp_out.read_text())
+    assert pp["variant"] == "qk2-f16-pp" and pp["warpgroups"] == 2, pp
+    assert len(pp["loops_found"]) == 4 and pp["classes"]["copy"] == 0, pp
+    assert pp["mma_per_warp"] == 2 * (9 * 2 + 12), pp
+    assert pp["shared"] <= 227 << 10, pp
+    assert pp["warp_insts_per_token"] <= budget, pp
 
 
 @pytest.mark.patch
