@@ -92,7 +92,7 @@ MAXNREG = 168
 LOADER_REGS = gl.constexpr(24)
 # The second consumer warpgroup's registers (a worker partition), as the bf16 Gluon pass gives.
 CONSUMER_REGS = gl.constexpr(240)
-TILE_N = 64  # keys a tile
+TILE_N = 64  # keys a tile (--tile-n 32: a CTA needs 89 KiB on 2 stages, so two fit an SM)
 # With the lazy rescale: how far (log2) a row's maximum may pass its reference before the
 # accumulator is rescaled.
 RESCALE_LOG2 = gl.constexpr(8.0)
@@ -839,8 +839,8 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             # 16-bit V tiles, and P in shared memory.
             vbf = gl.allocate_shared_memory(V16, [4 if OV else 2, TILE_N, CH8], vbf_layout)
             vbft = gl.allocate_shared_memory(V16, [2 if OV else 1, TILE_N, SCB], vbft_layout)
-            p_smem = gl.allocate_shared_memory(V16, [WG_ROWS if OV else 8, TILE_N],
-                                               vbf_layout)
+            p_smem = gl.allocate_shared_memory(V16, [WG_ROWS if OV else 8,
+                                                     TILE_N if OV else 64], vbf_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
                              bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready, empty, widened,
@@ -1063,13 +1063,19 @@ def main() -> int:
     parser.add_argument("--diagnose", choices=sorted(DIAGNOSES), default="none",
                         help="time the loader alone (load-only), the consumer alone "
                         "(compute-only) or neither (handshake-only); the outputs are wrong")
+    parser.add_argument("--tile-n", type=int, choices=(32, 64), default=64,
+                        help="keys a tile; at 32 two CTAs fit an SM (q x G <= 64, 2-3 "
+                        "stages): give --segments 64 to have them")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--probe-column", type=int, default=None,
                         help="on a GPU: load one TMA box from this byte column and say how "
                         "it went (one column a process)")
     args = parser.parse_args()
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
-    global KT_FROM_V, BT_AHEAD, DIAG
+    global KT_FROM_V, BT_AHEAD, DIAG, TILE_N
+    TILE_N = args.tile_n
+    if OVERLAP and TILE_N != 64:
+        parser.error("--overlap takes 64-key tiles")
     DIAG = gl.constexpr(DIAGNOSES[args.diagnose])
     KT_FROM_V = gl.constexpr(args.k_tail == "v-chunk")
     BT_AHEAD = gl.constexpr(args.block_table == "ahead")
@@ -1101,7 +1107,8 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
     return (f"qk{int8_qk}" + ("-lazy" if lazy else "") + ("-f16" if v_tile == "fp16" else "")
             + ("-pp" if PINGPONG else "") + ("-ov" if OVERLAP else "")
             + ("-kv" if KT_FROM_V else "") + ("-bt" if BT_AHEAD else "")
-            + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake"}[DIAG.value])
+            + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake"}[DIAG.value]
+            + ("" if TILE_N == 64 else f"-t{TILE_N}"))
 
 
 def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], stages: int,
@@ -1200,8 +1207,11 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
         # Segments as the Hopper planner splits 64-key tiles (its reduce pass reads them).
         cand_plan = sda.plan_launch(1, q, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
                                     kernel="hopper", num_segments=segments) if ws.hopper else None
-        if cand_plan is None or cand_plan.tile_n != TILE_N:
-            print(f"the planner gave no 64-key Hopper plan ({cand_plan})", file=sys.stderr)
+        # The plan gives the segments (the reduce reads them); the kernel splits them into
+        # its own tiles, which must divide the plan's.
+        if cand_plan is None or cand_plan.tile_n % TILE_N:
+            print(f"the planner gave no Hopper plan of {TILE_N}-key tiles ({cand_plan})",
+                  file=sys.stderr)
             return 2
         for ctx in contexts:
             cell = bench.Cell(env, 1, ctx)
@@ -1219,6 +1229,7 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                   cand_plan) for b, o in zip(batches, prod_outs, strict=True)])
             row: dict[str, Any] = {"context": ctx, "q": q, "stages": stages,
                                    "maxnreg": MAXNREG, "pingpong": PINGPONG,
+                                   "tile_n": TILE_N,
                                    "overlap": OVERLAP, "k_tail_from_v": KT_FROM_V.value,
                                    "block_table_ahead": BT_AHEAD.value,
                                    "scale_load": next(k for k, v in SCALE_LOADS.items()
