@@ -40,7 +40,9 @@ q = 8 and 1.3-1.5x at q = 16 from 64k, but 39-46 % of the int8 floor at 64k-128k
 What bounds it (session 18, --diagnose): the consumer warpgroup. Alone it takes the whole
 time; the loader alone reaches 73 % of the floor at 128k. Options that reorder the consumer
 (--overlap), load fewer boxes (--k-tail v-chunk) or read the block table ahead
-(--block-table ahead) are correct and change the time by 2 % or less.
+(--block-table ahead) are correct and change the time by 2 % or less; 32-key tiles
+(--tile-n 32) are correct and slower, as the launch (8 warps, 168 registers) allows one CTA
+an SM.
 
 Its online softmax, epilogue and compile signature repeat spec_decode_attention_hopper.py's
 and the compile report's on purpose: the candidate compiles without a patched tree. When it
