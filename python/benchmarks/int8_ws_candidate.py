@@ -94,7 +94,7 @@ MAXNREG = 168
 LOADER_REGS = gl.constexpr(24)
 # The second consumer warpgroup's registers (a worker partition), as the bf16 Gluon pass gives.
 CONSUMER_REGS = gl.constexpr(240)
-TILE_N = 64  # keys a tile (--tile-n 32: a CTA needs 89 KiB on 2 stages, so two fit an SM)
+TILE_N = 64  # keys a tile (--tile-n 32: 89 KiB a CTA on 2 stages; still one CTA an SM)
 # With the lazy rescale: how far (log2) a row's maximum may pass its reference before the
 # accumulator is rescaled.
 RESCALE_LOG2 = gl.constexpr(8.0)
@@ -237,27 +237,30 @@ PINGPONG = False
 OVERLAP = False
 
 
-# The scales of a [TILE_N, 16]-byte scale box, read as float32: Triton 3.9 renamed the shared
-# memory view's _reinterpret to reinterpret, so the one this Triton has is compiled in.
+# A shared memory view as float32: Triton 3.9 renamed the view's _reinterpret to reinterpret,
+# so the one this Triton has is compiled in.
 @gluon.jit
-def _scales_old(sc_bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
-    sc_layout: gl.constexpr = SCALE_LOAD_LAYOUT
-    f32_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
-                                                  rank=2)
-    x = sc_bufs.index(idx)._reinterpret(gl.float32, [TILE_N, 4], f32_smem).load(sc_layout)
-    return _scale_column(x, at, layout, sc_layout)
+def _f32_view_old(buf, rows: gl.constexpr, cols: gl.constexpr, layout: gl.constexpr):
+    return buf._reinterpret(gl.float32, [rows, cols], layout)
 
 
 @gluon.jit
-def _scales_new(sc_bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
+def _f32_view_new(buf, rows: gl.constexpr, cols: gl.constexpr, layout: gl.constexpr):
+    return buf.reinterpret(gl.float32, [rows, cols], layout)
+
+
+_f32_view = (_f32_view_new if hasattr(gl.shared_memory_descriptor, "reinterpret")
+             else _f32_view_old)
+
+
+@gluon.jit
+def _scales(sc_bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
+    """The scales of a [TILE_N, 16]-byte scale box, column ``at`` as float32."""
     sc_layout: gl.constexpr = SCALE_LOAD_LAYOUT
     f32_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
                                                   rank=2)
-    x = sc_bufs.index(idx).reinterpret(gl.float32, [TILE_N, 4], f32_smem).load(sc_layout)
+    x = _f32_view(sc_bufs.index(idx), TILE_N, 4, f32_smem).load(sc_layout)
     return _scale_column(x, at, layout, sc_layout)
-
-
-_scales = _scales_new if hasattr(gl.shared_memory_descriptor, "reinterpret") else _scales_old
 
 # Where K's 32-byte tail and K's scale are read from. A head's K and V are contiguous in the
 # row ([K | K scale | V | V scale], 520 bytes), and the 16-byte boundary at or below V's first
@@ -289,27 +292,24 @@ def _k_tail(bufs, kt_bufs, s):
 
 
 @gluon.jit
-def _chunk_scales_old(bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
-    sc_layout: gl.constexpr = SCALE_LOAD_LAYOUT
-    f32_sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32,
-                                                rank=2)
-    x = bufs.index(idx)._reinterpret(gl.float32, [TILE_N, CH8 // 4], f32_sw).slice(
-        0, 4, 1).load(sc_layout)
-    return _scale_column(x, at, layout, sc_layout)
+def _qk_term(q_smem, qt, bufs, kt_bufs, s, s_zero):
+    """One query term's Q.K on stage s, issued and left running: K's two 128-byte chunks,
+    then its tail k-step."""
+    acc = warpgroup_mma(q_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
+                        use_acc=False, is_async=True)
+    acc = warpgroup_mma(q_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), acc,
+                        is_async=True)
+    return warpgroup_mma(qt, _k_tail(bufs, kt_bufs, s), acc, is_async=True)
 
 
 @gluon.jit
-def _chunk_scales_new(bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
+def _chunk_scales(bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
+    """Column ``at`` of the first 16 bytes of a 128-byte-swizzled code chunk, as float32."""
     sc_layout: gl.constexpr = SCALE_LOAD_LAYOUT
     f32_sw: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32,
                                                 rank=2)
-    x = bufs.index(idx).reinterpret(gl.float32, [TILE_N, CH8 // 4], f32_sw).slice(
-        0, 4, 1).load(sc_layout)
+    x = _f32_view(bufs.index(idx), TILE_N, CH8 // 4, f32_sw).slice(0, 4, 1).load(sc_layout)
     return _scale_column(x, at, layout, sc_layout)
-
-
-_chunk_scales = (_chunk_scales_new if hasattr(gl.shared_memory_descriptor, "reinterpret")
-                 else _chunk_scales_old)
 
 
 @gluon.jit
@@ -419,18 +419,10 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
     start = kv_lo + i * TILE_N
     s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
     mbarrier.wait(ready.index(s), phase)
-    si = warpgroup_mma(qh_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
-                       use_acc=False, is_async=True)
-    si = warpgroup_mma(qh_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), si,
-                       is_async=True)
-    si = warpgroup_mma(qht, _k_tail(bufs, kt_bufs, s), si, is_async=True)
+    si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
     si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
     if INT8_QK == 2:
-        sl = warpgroup_mma(ql_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
-                           use_acc=False, is_async=True)
-        sl = warpgroup_mma(ql_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), sl,
-                           is_async=True)
-        sl = warpgroup_mma(qlt, _k_tail(bufs, kt_bufs, s), sl, is_async=True)
+        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
         sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
         si = si * 256 + sl
     k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
@@ -496,17 +488,9 @@ def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_s
     start = kv_lo + i * TILE_N
     s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
     mbarrier.wait(ready.index(s), phase)
-    si = warpgroup_mma(qh_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
-                       use_acc=False, is_async=True)
-    si = warpgroup_mma(qh_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), si,
-                       is_async=True)
-    si = warpgroup_mma(qht, _k_tail(bufs, kt_bufs, s), si, is_async=True)
+    si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
     if INT8_QK == 2:
-        sl = warpgroup_mma(ql_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
-                           use_acc=False, is_async=True)
-        sl = warpgroup_mma(ql_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), sl,
-                           is_async=True)
-        sl = warpgroup_mma(qlt, _k_tail(bufs, kt_bufs, s), sl, is_async=True)
+        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
     vdt: gl.constexpr = vbf.dtype
     for c in gl.static_range(2):
         v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
@@ -1066,8 +1050,8 @@ def main() -> int:
                         help="time the loader alone (load-only), the consumer alone "
                         "(compute-only) or neither (handshake-only); the outputs are wrong")
     parser.add_argument("--tile-n", type=int, choices=(32, 64), default=64,
-                        help="keys a tile; at 32 two CTAs fit an SM (q x G <= 64, 2-3 "
-                        "stages): give --segments 64 to have them")
+                        help="keys a tile; at 32 a CTA's shared memory would let two share an "
+                        "SM, but the launch's registers (8 warps x 168) allow one")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--probe-column", type=int, default=None,
                         help="on a GPU: load one TMA box from this byte column and say how "
