@@ -230,9 +230,28 @@ SCALE_LOADS = {"convert": gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]),
                "direct": gl.BlockedLayout([2, 4], [4, 8], [1, 4], [0, 1])}
 SCALE_LOAD_LAYOUT = gl.constexpr(SCALE_LOADS["convert"])
 SCALE_DIRECT = gl.constexpr(False)
-DIAGNOSES = {"none": 0, "load-only": 1, "compute-only": 2, "handshake-only": 3}
+DIAGNOSES = {"none": 0, "load-only": 1, "compute-only": 2, "handshake-only": 3,
+             "no-store": 4, "no-query-load": 5}
 # --pingpong (host side only: the kernel takes it as PP).
 PINGPONG = False
+# --pingpong-roles loader-default: the loader is the kernel's default partition (4 warps, the
+# registers left over) and both consumer warpgroups are workers with CONSUMER_REGS each. With
+# warpgroup 0 as the default partition instead, it gets 120 registers and spills (session 17).
+PP_LOADER_DEFAULT = gl.constexpr(False)
+# How a thread holds V's codes as it widens them (--v-load). "wide": 16 codes of a row, one
+# 16-byte load, 8 threads a row. Its 16-bit stores conflict 2-way (ncu, H200, session 19: 8
+# wavefronts a store where 4 would do): the 16-bit tile is two 64-column halves, and threads
+# 4 apart write the same swizzled 16-byte chunk of each. "narrow" (the default since session
+# 19, 5-7 % faster at 64k-128k): 8 codes, an 8-byte load (twice as many), 16 threads a row,
+# and the 8 threads of each store phase on 8 different chunks.
+V_LOADS = {"wide": gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]),
+           "narrow": gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])}
+V_LOAD_LAYOUT = gl.constexpr(V_LOADS["narrow"])
+# --epilogue rows: the partials stored a row a warp (through shared memory), not as the
+# accumulator's layout has them; one warpgroup without ping-pong or --overlap only.
+EPI_ROWS = gl.constexpr(True)
+# --v-bias column: the fp16 V tile keeps its 1152 bias; one accumulator column removes it.
+V_BIAS = gl.constexpr(False)
 # --overlap (host side only: the kernel takes it as OV).
 OVERLAP = False
 
@@ -331,7 +350,14 @@ def _widen(v8, dtype: gl.constexpr):
     """int8 V codes into the P.V tile's dtype, exactly. bf16: Triton's own conversion. fp16:
     the 1024 bias, 1 LOP3 + 2 PRMT + 2 HSUB2 for 4 codes: x ^ 0x80 is x + 128 as a byte; under
     the exponent byte 0x64 it is the fp16 1024 + (x + 128); 1152 (0x6480) off leaves x."""
-    if dtype == gl.float16:
+    if dtype == gl.float16 and V_BIAS:
+        # --v-bias column: the 1152 stays in (x + 1152, exact in fp16); the epilogue takes
+        # it off once, from a bias column (see _widen_tail).
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 t; xor.b32 t, $2, 0x80808080;"
+            " prmt.b32 $0, t, 0x64646464, 0x5140; prmt.b32 $1, t, 0x64646464, 0x5342; }",
+            "=r,=r,r", [v8], dtype=gl.float16, is_pure=True, pack=4)
+    elif dtype == gl.float16:
         return gl.inline_asm_elementwise(
             "{ .reg .b32 t, m; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64806480;"
             " prmt.b32 $0, t, 0x64646464, 0x5140; prmt.b32 $1, t, 0x64646464, 0x5342;"
@@ -339,6 +365,31 @@ def _widen(v8, dtype: gl.constexpr):
             "=r,=r,r", [v8], dtype=gl.float16, is_pure=True, pack=4)
     else:
         return v8.to(dtype)
+
+
+@gluon.jit
+def _tail_keep(v_at, layout: gl.constexpr):
+    """For _widen_tail, made once before the loop: 0 at byte v_at of V's tail box (its
+    scale's first byte), -1 elsewhere."""
+    col = gl.arange(0, SCB, layout=gl.SliceLayout(0, layout))
+    keep = gl.where(col == v_at, 0, -1).to(gl.int8)
+    return gl.zeros([WG_ROWS, SCB], gl.int8, layout=layout) + keep[None, :]
+
+
+@gluon.jit
+def _widen_tail(t8, keep, dtype: gl.constexpr):
+    """V's tail box (its last codes, then its scale at byte v_at) widened as _widen widens.
+    With V_BIAS the scale's first byte becomes code 0 (keep, from _tail_keep, ANDed in the
+    same asm): that column of the P.V accumulator then sums P x 1152 with the same P, the
+    same rounding and the same rescales as every V column, and the epilogue subtracts it
+    (the HSUB2s, 68 a thread a tile, are gone)."""
+    if V_BIAS:
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 t; and.b32 t, $2, $3; xor.b32 t, t, 0x80808080;"
+            " prmt.b32 $0, t, 0x64646464, 0x5140; prmt.b32 $1, t, 0x64646464, 0x5342; }",
+            "=r,=r,r,r", [t8, keep], dtype=gl.float16, is_pure=True, pack=4)
+    else:
+        return _widen(t8, dtype)
 
 
 @gluon.jit
@@ -353,11 +404,12 @@ def _p_scale(dtype: gl.constexpr, LAZY: gl.constexpr):
 
 
 @gluon.jit
-def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, qk_scale, start, kv_hi, ctx, qi0,
+def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, row_scale, start, kv_hi, ctx, qi0,
               G: gl.constexpr, TILE_N: gl.constexpr, MASKED: gl.constexpr,
               LAZY: gl.constexpr, vdt: gl.constexpr, s_layout: gl.constexpr,
               o_layout: gl.constexpr, o2_layout: gl.constexpr):
-    """One tile's online softmax over its scaled scores sacc: the new row maxima and sums,
+    """One tile's online softmax over its scores, sacc x row_scale (K's scale in sacc; the
+    query's and qk_scale, log2 units, in row_scale): the new row maxima and sums,
     the accumulators rescaled, and P x V's scales (x _p_scale) in vdt, in the scores'
     layout. MASKED builds the causal and segment-end mask."""
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -371,7 +423,7 @@ def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, qk_scale, start, kv_hi, ct
         sacc = gl.where(visible, sacc, float("-inf"))
         # A slot past the segment's end may hold any scale: 0 there, so P's zeros stay zeros.
         v_sc = gl.where(t < kv_hi, v_sc, 0.0)
-    m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * qk_scale)
+    m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * row_scale)
     if LAZY:
         # The rows keep their reference maximum until one of them grows past it by more than
         # RESCALE_LOG2 (P stays below 2**RESCALE_LOG2 meanwhile, well inside bf16): the
@@ -385,12 +437,12 @@ def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, qk_scale, start, kv_hi, ct
             acc1 = acc1 * a
             acc2 = acc2 * gl.convert_layout(alpha, row2_layout)[:, None]
             m_i = m_new
-        p = gl.exp2(sacc * qk_scale - m_i[:, None])
+        p = gl.exp2(sacc * row_scale[:, None] - m_i[:, None])
         l_i = l_i + gl.sum(p, axis=1)
         m_new = m_i
     else:
         alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(sacc * qk_scale - m_new[:, None])
+        p = gl.exp2(sacc * row_scale[:, None] - m_new[:, None])
         l_i = l_i * alpha + gl.sum(p, axis=1)
         a = gl.convert_layout(alpha, row_layout)[:, None]
         acc0 = acc0 * a
@@ -401,7 +453,8 @@ def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, qk_scale, start, kv_hi, ct
 
 @gluon.jit
 def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened,
-           i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2, qk_scale,
+           i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+           m_i, l_i, acc0, acc1, acc2, qk_scale,
            G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
            INT8_QK: gl.constexpr, MASKED: gl.constexpr, LAZY: gl.constexpr, W: gl.constexpr,
            NUM_WG: gl.constexpr, PP: gl.constexpr, s_layout: gl.constexpr,
@@ -429,8 +482,8 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
     v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
     vdt: gl.constexpr = vbf.dtype
     m_new, l_i, p, acc0, acc1, acc2 = _softmax8(
-        si.to(gl.float32) * q_sc[:, None] * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2,
-        qk_scale, start, kv_hi, ctx, qi0, G, TILE_N, MASKED, LAZY, vdt, s_layout, o_layout,
+        si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2, q_sc, start,
+        kv_hi, ctx, qi0, G, TILE_N, MASKED, LAZY, vdt, s_layout, o_layout,
         o2_layout)
     p2 = gl.convert_layout(p, p2_layout)
     p = gl.convert_layout(p, p_layout)
@@ -440,7 +493,7 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
         for c in gl.static_range(2):
             v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
             vbf.index(W * 2 + c).store(_widen(v8, vdt))
-        vbft.index(W).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
+        vbft.index(W).store(_widen_tail(sc_bufs.index(s * 2 + 1).load(vt_layout), v_keep, vdt))
         fence_async_shared()
         mbarrier.arrive(empty.index(s), count=1)
         acc0 = warpgroup_mma(p, vbf.index(W * 2), acc0, is_async=True)
@@ -454,7 +507,8 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
         v8 = bufs.index(s * 4 + 2 + W).load(ld_layout)
         vbf.index(s * 2 + W).store(_widen(v8, vdt))
         if W == 0:
-            vbft.index(s).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
+            vbft.index(s).store(_widen_tail(sc_bufs.index(s * 2 + 1).load(vt_layout), v_keep,
+                                            vdt))
         fence_async_shared()
         _partition_barrier()
         mbarrier.arrive(widened.index(s), count=1)
@@ -469,7 +523,8 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
 
 @gluon.jit
 def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready,
-              empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
+              empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+              m_i, l_i, acc0, acc1, acc2,
               qk_scale, G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
               INT8_QK: gl.constexpr, MASKED: gl.constexpr, LAZY: gl.constexpr,
               s_layout: gl.constexpr, o_layout: gl.constexpr, o2_layout: gl.constexpr,
@@ -495,7 +550,7 @@ def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_s
     for c in gl.static_range(2):
         v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
         vbf.index(b * 2 + c).store(_widen(v8, vdt))
-    vbft.index(b).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
+    vbft.index(b).store(_widen_tail(sc_bufs.index(s * 2 + 1).load(vt_layout), v_keep, vdt))
     if INT8_QK == 2:
         acc0, acc1, acc2, si, sl = warpgroup_mma_wait(num_outstanding=0,
                                                       deps=(acc0, acc1, acc2, si, sl))
@@ -508,8 +563,8 @@ def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_s
     # Q.K has read K, the widening V: the stage goes back to the loader.
     mbarrier.arrive(empty.index(s), count=1)
     m_new, l_i, p, acc0, acc1, acc2 = _softmax8(
-        si.to(gl.float32) * q_sc[:, None] * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2,
-        qk_scale, start, kv_hi, ctx, qi0, G, TILE_N, MASKED, LAZY, vdt, s_layout, o_layout,
+        si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2, q_sc, start,
+        kv_hi, ctx, qi0, G, TILE_N, MASKED, LAZY, vdt, s_layout, o_layout,
         o2_layout)
     # The previous P.V has finished (the wait above), so its P tile may be overwritten.
     p_smem.store(p)
@@ -543,7 +598,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SCB, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     p2_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o2_layout, k_width=2)
-    ld_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    ld_layout: gl.constexpr = V_LOAD_LAYOUT
     kt_layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
     vt_layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -558,16 +613,25 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     row_ok = (r < WG_Q * G) & (qi < q_len)
     q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
     q_base = q_ptr + q_rows[:, None] + d[None, :]
-    qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :], other=0.0).to(gl.float32)
-    qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
+    if DIAG == 5:
+        # Diagnosis (--diagnose no-query-load): ones for the query, no global load.
+        qa = gl.where(row_ok[:, None] & (d >= 0)[None, :], 1.0, 0.0) + (d * 0.0)[None, :]
+        qb = gl.where(row_ok[:, None], 1.0, 0.0) + (d * 0.0)[None, :]
+    else:
+        qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :],
+                     other=0.0).to(gl.float32)
+        qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
     rt = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kt_layout))
     dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
     qit = qi0 + rt // G
     q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
                 + (kv_head * G + rt % G) * stride_q_head)
-    qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :],
-                 mask=((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :],
-                 other=0.0).to(gl.float32)
+    qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
+    if DIAG == 5:
+        qc = gl.where(qc_ok, 1.0, 0.0)
+    else:
+        qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok,
+                     other=0.0).to(gl.float32)
     amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
                       gl.convert_layout(gl.max(gl.abs(qc), axis=1),
                                         gl.SliceLayout(1, ld_layout)))
@@ -597,7 +661,9 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
             mbarrier.arrive(widened.index(0), count=1)
     else:
         mbarrier.wait(widened.index(0), 0)
-    q_sc = gl.convert_layout(q_sc, gl.SliceLayout(1, s_layout))
+    # The query's scale and qk_scale in one factor a row: a score costs one FMUL (by K's
+    # scale) before the exponent's FFMA. Positive, so a masked -inf stays -inf.
+    q_sc = gl.convert_layout(gl.maximum(q_sc, 1.0e-30) * qk_scale, gl.SliceLayout(1, s_layout))
 
     ctx = seq_len - q_len
     m_i = gl.full([WG_ROWS], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -612,6 +678,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # The tiles every row sees whole (before the first row's causal limit and inside the
     # segment) run without a mask; only the tail tiles build one. The steady loop then holds
     # no masking block, and its compiled size is what each of its tiles issues.
+    v_keep = _tail_keep(v_at, vt_layout)
     n_full = gl.minimum(gl.maximum(gl.minimum(ctx + qi0 + 1, kv_hi) - kv_lo, 0) // TILE_N,
                         n_tiles)
     STEP: gl.constexpr = 2 if PP else 1
@@ -627,13 +694,15 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         for i in range(0, n_full):
             m_i, l_i, acc0, acc1, acc2 = _tile8_ov(
                 qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready,
-                empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
+                empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+                m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, False, LAZY, s_layout, o_layout,
                 o2_layout, ld_layout, vt_layout)
         for i in range(n_full, n_tiles):
             m_i, l_i, acc0, acc1, acc2 = _tile8_ov(
                 qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready,
-                empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
+                empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+                m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, s_layout, o_layout,
                 o2_layout, ld_layout, vt_layout)
         acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
@@ -641,18 +710,28 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         for i in range(first, n_full, STEP):
             m_i, l_i, acc0, acc1, acc2 = _tile8(
                 qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
-                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
+                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+                m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, False, LAZY, W, NUM_WG, PP, s_layout,
                 o_layout,
                 o2_layout, p_layout, p2_layout, ld_layout, vt_layout)
         for i in range(tail, n_tiles, STEP):
             m_i, l_i, acc0, acc1, acc2 = _tile8(
                 qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
-                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
+                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+                m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, W, NUM_WG, PP, s_layout,
                 o_layout,
                 o2_layout, p_layout, p2_layout, ld_layout, vt_layout)
 
+    if V_BIAS:
+        # Every column carries 1152 x sum(P); the bias column holds exactly that.
+        c2 = gl.arange(0, SCB, layout=gl.SliceLayout(0, o2_layout))
+        bias = gl.sum(gl.where((c2 == v_at)[None, :], acc2, 0.0), axis=1)
+        acc2 = acc2 - bias[:, None]
+        bias_o = gl.convert_layout(bias, row_layout)[:, None]
+        acc0 = acc0 - bias_o
+        acc1 = acc1 - bias_o
     r_o = gl.arange(0, WG_ROWS, layout=row_layout)
     d_o = gl.arange(0, CH8, layout=gl.SliceLayout(0, o_layout)) - v_at
     qi_o = qi0 + r_o // G
@@ -664,10 +743,29 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     gl.store(part_max_ptr + part_row, gl.convert_layout(m_i, row_layout), mask=ok_o)
     gl.store(part_sum_ptr + part_row, l_o, mask=ok_o)
     inv_l = gl.where(l_o > 0.0, 1.0 / (l_o * _p_scale(vbf.dtype, LAZY)), 0.0)[:, None]
+    if DIAG == 4:
+        # Diagnosis (--diagnose no-store): the partials' stores issued but predicated off (l
+        # is never negative; the compiler cannot know, so nothing upstream is dropped).
+        ok_o = ok_o & (l_o < -1.0)
     # Accumulator column c holds V's column c - v_at.
-    o_base = part_out_ptr + part_row[:, None] * (2 * CH8) + d_o[None, :]
-    gl.store(o_base, acc0 * inv_l, mask=ok_o[:, None] & (d_o >= 0)[None, :])
-    gl.store(o_base + CH8, acc1 * inv_l, mask=ok_o[:, None])
+    if EPI_ROWS and NUM_WG == 1 and not PP and not OV:
+        # --epilogue rows (the default where it fits): each warp stores whole rows (32
+        # threads x 4 columns), not the accumulator's 8-byte pairs of 8 rows (a quarter of
+        # each sector used, ncu). The conversion takes 32 KiB of shared memory: one
+        # warpgroup's 2 stages leave room (178 KiB in all), two warpgroups' do not (283).
+        # H200, session 19: 6.4 / 5.7 / 5.7 us less at 16k / 64k / 128k (q = 8).
+        st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+        d_s = gl.arange(0, CH8, layout=gl.SliceLayout(0, st_layout)) - v_at
+        row_s = gl.convert_layout(part_row, gl.SliceLayout(1, st_layout))
+        ok_s = gl.convert_layout(ok_o, gl.SliceLayout(1, st_layout))
+        s_base = part_out_ptr + row_s[:, None] * (2 * CH8) + d_s[None, :]
+        gl.store(s_base, gl.convert_layout(acc0 * inv_l, st_layout),
+                 mask=ok_s[:, None] & (d_s >= 0)[None, :])
+        gl.store(s_base + CH8, gl.convert_layout(acc1 * inv_l, st_layout), mask=ok_s[:, None])
+    else:
+        o_base = part_out_ptr + part_row[:, None] * (2 * CH8) + d_o[None, :]
+        gl.store(o_base, acc0 * inv_l, mask=ok_o[:, None] & (d_o >= 0)[None, :])
+        gl.store(o_base + CH8, acc1 * inv_l, mask=ok_o[:, None])
     d_t = gl.arange(0, SCB, layout=gl.SliceLayout(0, o2_layout)) + 2 * CH8 - v_at
     part_row2 = gl.convert_layout(part_row, row2_layout)
     gl.store(part_out_ptr + part_row2[:, None] * (2 * CH8) + d_t[None, :],
@@ -689,6 +787,22 @@ def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, q
               seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
               stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
               NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 1, 2, PP, False)
+
+
+@gluon.jit
+def _consume8_pp(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
+                 bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg,
+                 q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+                 stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr,
+                 G: gl.constexpr, WG_Q: gl.constexpr, TILE_N: gl.constexpr,
+                 NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr, INT8_QK: gl.constexpr,
+                 LAZY: gl.constexpr, W: gl.constexpr):
+    # Ping-pong warpgroup W as a worker partition (PP_LOADER_DEFAULT).
+    _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
+              bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened, seq, kv_head,
+              seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+              stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
+              NUM_SEGMENTS, STAGES, INT8_QK, LAZY, W, 2, True, False)
 
 
 @gluon.jit
@@ -772,7 +886,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         v_at = col_v % 16
         a_k = col_k - k_at
         a_v = col_v - v_at
-        if PP:
+        if PP and not PP_LOADER_DEFAULT:
             # Two warpgroups on alternate tiles of the same rows: one query copy, a 16-bit V
             # tile each; their partials are segments 2 seg and 2 seg + 1.
             vbf = gl.allocate_shared_memory(V16, [4, TILE_N, CH8], vbf_layout)
@@ -794,6 +908,29 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif PP:
+            # The same two warpgroups, both workers, so each gets CONSUMER_REGS; the loader
+            # runs in the default partition on what is left (its TMA issue, waits and
+            # arrivals are one thread's, as in a worker warp).
+            vbf = gl.allocate_shared_memory(V16, [4, TILE_N, CH8], vbf_layout)
+            vbft = gl.allocate_shared_memory(V16, [2, TILE_N, SCB], vbft_layout)
+            gl.warp_specialize([
+                (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
+                            bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
+                            BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
+                (_consume8_pp, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht,
+                                qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
+                                widened, seq, kv_head, seg * 2, q_start, q_len, seq_len,
+                                tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+                                stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q,
+                                TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 0)),
+                (_consume8_pp, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht,
+                                qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
+                                widened, seq, kv_head, seg * 2, q_start, q_len, seq_len,
+                                tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+                                stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q,
+                                TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 1)),
+            ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
         elif NUM_WG == 2:
             # A 16-bit V tile a stage: the two warpgroups' P.V may be a tile apart.
             vbf = gl.allocate_shared_memory(V16, [STAGES * 2, TILE_N, CH8], vbf_layout)
@@ -1036,10 +1173,28 @@ def main() -> int:
     parser.add_argument("--pingpong", action="store_true",
                         help="two warpgroups on alternate tiles of one warpgroup's rows "
                         "(q x G <= 64); give --segments twice the programs wanted")
+    parser.add_argument("--pingpong-roles", choices=("consumer-default", "loader-default"),
+                        default="consumer-default",
+                        help="with --pingpong: warpgroup 0 is the default partition and the "
+                        "loader a 1-warp worker (session 17), or the loader is the default "
+                        "partition and both warpgroups are workers with --consumer-regs each")
+    parser.add_argument("--consumer-regs", type=int, default=None,
+                        help="registers of a worker consumer warpgroup after setmaxnreg "
+                        "(default 240)")
     parser.add_argument("--overlap", action="store_true",
                         help="one warpgroup's tile reordered so the MMAs run beside the "
                         "scale reads, the V widening and the next tile (_tile8_ov; q x G <= "
                         "64)")
+    parser.add_argument("--v-bias", choices=("sub", "column"), default="sub",
+                        help="fp16 V tile: each code's 1152 bias taken off as it is widened "
+                        "(2 HSUB2 for 4 codes), or once in the epilogue from an accumulator "
+                        "column that sums P x 1152 (V's scale byte set to code 0)")
+    parser.add_argument("--v-load", choices=sorted(V_LOADS), default="narrow",
+                        help="how a thread holds V's codes as it widens them (see V_LOADS)")
+    parser.add_argument("--epilogue", choices=("accumulator", "rows"), default="rows",
+                        help="store the partials from the accumulator's layout, or a row a "
+                        "warp after a layout conversion (coalesced; one warpgroup without "
+                        "--pingpong or --overlap only, the accumulator's layout elsewhere)")
     parser.add_argument("--k-tail", choices=("box", "v-chunk"), default="box",
                         help="K's tail and scale as boxes of their own (7 a block) or read "
                         "from V's first chunk (5 a block)")
@@ -1048,7 +1203,9 @@ def main() -> int:
                         "or each tile's entries as one vector two tiles ahead")
     parser.add_argument("--diagnose", choices=sorted(DIAGNOSES), default="none",
                         help="time the loader alone (load-only), the consumer alone "
-                        "(compute-only) or neither (handshake-only); the outputs are wrong")
+                        "(compute-only), neither (handshake-only), the kernel without the "
+                        "partials' stores (no-store) or without the query's loads "
+                        "(no-query-load); the outputs are wrong")
     parser.add_argument("--tile-n", type=int, choices=(32, 64), default=64,
                         help="keys a tile; at 32 a CTA's shared memory would let two share an "
                         "SM, but the launch's registers (8 warps x 168) allow one")
@@ -1058,7 +1215,13 @@ def main() -> int:
                         "it went (one column a process)")
     args = parser.parse_args()
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
-    global KT_FROM_V, BT_AHEAD, DIAG, TILE_N
+    global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS, V_BIAS
+    global V_LOAD_LAYOUT, EPI_ROWS
+    V_BIAS = gl.constexpr(args.v_bias == "column")
+    V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
+    EPI_ROWS = gl.constexpr(args.epilogue == "rows")
+    if V_BIAS and args.v_tile != "fp16":
+        parser.error("--v-bias column takes --v-tile fp16")
     TILE_N = args.tile_n
     if OVERLAP and TILE_N != 64:
         parser.error("--overlap takes 64-key tiles")
@@ -1066,6 +1229,14 @@ def main() -> int:
     KT_FROM_V = gl.constexpr(args.k_tail == "v-chunk")
     BT_AHEAD = gl.constexpr(args.block_table == "ahead")
     PINGPONG = args.pingpong
+    PP_LOADER_DEFAULT = gl.constexpr(PINGPONG and args.pingpong_roles == "loader-default")
+    if args.pingpong_roles == "loader-default" and not PINGPONG:
+        parser.error("--pingpong-roles takes --pingpong")
+    if PP_LOADER_DEFAULT and BT_AHEAD:
+        parser.error("--block-table ahead lays its vector over one warp: not with the loader "
+                     "as the 4-warp default partition")
+    if args.consumer_regs is not None:
+        CONSUMER_REGS = gl.constexpr(args.consumer_regs)
     OVERLAP = args.overlap
     if OVERLAP and (PINGPONG or args.queries != "8"):
         parser.error("--overlap takes one warpgroup of rows: --queries 8, no --pingpong")
@@ -1091,9 +1262,14 @@ def main() -> int:
 
 def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
     return (f"qk{int8_qk}" + ("-lazy" if lazy else "") + ("-f16" if v_tile == "fp16" else "")
-            + ("-pp" if PINGPONG else "") + ("-ov" if OVERLAP else "")
+            + ("-pp" if PINGPONG else "") + ("L" if PP_LOADER_DEFAULT else "")
+            + ("-ov" if OVERLAP else "")
             + ("-kv" if KT_FROM_V else "") + ("-bt" if BT_AHEAD else "")
-            + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake"}[DIAG.value]
+            + ("-vb" if V_BIAS else "")
+            + ("-vw" if V_LOAD_LAYOUT.value == V_LOADS["wide"] else "")
+            + ("" if EPI_ROWS else "-ea")
+            + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake", 4: "-nostore",
+               5: "-noqload"}[DIAG.value]
             + ("" if TILE_N == 64 else f"-t{TILE_N}"))
 
 
@@ -1215,9 +1391,17 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                   cand_plan) for b, o in zip(batches, prod_outs, strict=True)])
             row: dict[str, Any] = {"context": ctx, "q": q, "stages": stages,
                                    "maxnreg": MAXNREG, "pingpong": PINGPONG,
+                                   "pp_loader_default": PP_LOADER_DEFAULT.value,
+                                   "consumer_regs": CONSUMER_REGS.value,
                                    "tile_n": TILE_N,
                                    "overlap": OVERLAP, "k_tail_from_v": KT_FROM_V.value,
                                    "block_table_ahead": BT_AHEAD.value,
+                                   "v_bias_column": V_BIAS.value,
+                                   "epilogue_rows": (EPI_ROWS.value and not PINGPONG
+                                                     and not OVERLAP
+                                                     and warpgroups(q, 6)[0] == 1),
+                                   "v_load": next(k for k, v in V_LOADS.items()
+                                                  if v == V_LOAD_LAYOUT.value),
                                    "scale_load": next(k for k, v in SCALE_LOADS.items()
                                                       if v == SCALE_LOAD_LAYOUT.value),
                                    "segments": cand_plan.num_segments,
