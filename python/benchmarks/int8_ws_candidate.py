@@ -250,8 +250,6 @@ V_LOAD_LAYOUT = gl.constexpr(V_LOADS["narrow"])
 # --epilogue rows: the partials stored a row a warp (through shared memory), not as the
 # accumulator's layout has them; one warpgroup without ping-pong or --overlap only.
 EPI_ROWS = gl.constexpr(True)
-# --v-bias column: the fp16 V tile keeps its 1152 bias; one accumulator column removes it.
-V_BIAS = gl.constexpr(False)
 # --overlap (host side only: the kernel takes it as OV).
 OVERLAP = False
 
@@ -350,14 +348,7 @@ def _widen(v8, dtype: gl.constexpr):
     """int8 V codes into the P.V tile's dtype, exactly. bf16: Triton's own conversion. fp16:
     the 1024 bias, 1 LOP3 + 2 PRMT + 2 HSUB2 for 4 codes: x ^ 0x80 is x + 128 as a byte; under
     the exponent byte 0x64 it is the fp16 1024 + (x + 128); 1152 (0x6480) off leaves x."""
-    if dtype == gl.float16 and V_BIAS:
-        # --v-bias column: the 1152 stays in (x + 1152, exact in fp16); the epilogue takes
-        # it off once, from a bias column (see _widen_tail).
-        return gl.inline_asm_elementwise(
-            "{ .reg .b32 t; xor.b32 t, $2, 0x80808080;"
-            " prmt.b32 $0, t, 0x64646464, 0x5140; prmt.b32 $1, t, 0x64646464, 0x5342; }",
-            "=r,=r,r", [v8], dtype=gl.float16, is_pure=True, pack=4)
-    elif dtype == gl.float16:
+    if dtype == gl.float16:
         return gl.inline_asm_elementwise(
             "{ .reg .b32 t, m; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64806480;"
             " prmt.b32 $0, t, 0x64646464, 0x5140; prmt.b32 $1, t, 0x64646464, 0x5342;"
@@ -365,31 +356,6 @@ def _widen(v8, dtype: gl.constexpr):
             "=r,=r,r", [v8], dtype=gl.float16, is_pure=True, pack=4)
     else:
         return v8.to(dtype)
-
-
-@gluon.jit
-def _tail_keep(v_at, layout: gl.constexpr):
-    """For _widen_tail, made once before the loop: 0 at byte v_at of V's tail box (its
-    scale's first byte), -1 elsewhere."""
-    col = gl.arange(0, SCB, layout=gl.SliceLayout(0, layout))
-    keep = gl.where(col == v_at, 0, -1).to(gl.int8)
-    return gl.zeros([WG_ROWS, SCB], gl.int8, layout=layout) + keep[None, :]
-
-
-@gluon.jit
-def _widen_tail(t8, keep, dtype: gl.constexpr):
-    """V's tail box (its last codes, then its scale at byte v_at) widened as _widen widens.
-    With V_BIAS the scale's first byte becomes code 0 (keep, from _tail_keep, ANDed in the
-    same asm): that column of the P.V accumulator then sums P x 1152 with the same P, the
-    same rounding and the same rescales as every V column, and the epilogue subtracts it
-    (the HSUB2s, 68 a thread a tile, are gone)."""
-    if V_BIAS:
-        return gl.inline_asm_elementwise(
-            "{ .reg .b32 t; and.b32 t, $2, $3; xor.b32 t, t, 0x80808080;"
-            " prmt.b32 $0, t, 0x64646464, 0x5140; prmt.b32 $1, t, 0x64646464, 0x5342; }",
-            "=r,=r,r,r", [t8, keep], dtype=gl.float16, is_pure=True, pack=4)
-    else:
-        return _widen(t8, dtype)
 
 
 @gluon.jit
@@ -453,7 +419,7 @@ def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, row_scale, start, kv_hi, c
 
 @gluon.jit
 def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened,
-           i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+           i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
            m_i, l_i, acc0, acc1, acc2, qk_scale,
            G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
            INT8_QK: gl.constexpr, MASKED: gl.constexpr, LAZY: gl.constexpr, W: gl.constexpr,
@@ -493,7 +459,7 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
         for c in gl.static_range(2):
             v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
             vbf.index(W * 2 + c).store(_widen(v8, vdt))
-        vbft.index(W).store(_widen_tail(sc_bufs.index(s * 2 + 1).load(vt_layout), v_keep, vdt))
+        vbft.index(W).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
         fence_async_shared()
         mbarrier.arrive(empty.index(s), count=1)
         acc0 = warpgroup_mma(p, vbf.index(W * 2), acc0, is_async=True)
@@ -507,8 +473,7 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
         v8 = bufs.index(s * 4 + 2 + W).load(ld_layout)
         vbf.index(s * 2 + W).store(_widen(v8, vdt))
         if W == 0:
-            vbft.index(s).store(_widen_tail(sc_bufs.index(s * 2 + 1).load(vt_layout), v_keep,
-                                            vdt))
+            vbft.index(s).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
         fence_async_shared()
         _partition_barrier()
         mbarrier.arrive(widened.index(s), count=1)
@@ -523,7 +488,7 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
 
 @gluon.jit
 def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready,
-              empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+              empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
               m_i, l_i, acc0, acc1, acc2,
               qk_scale, G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
               INT8_QK: gl.constexpr, MASKED: gl.constexpr, LAZY: gl.constexpr,
@@ -550,7 +515,7 @@ def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_s
     for c in gl.static_range(2):
         v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
         vbf.index(b * 2 + c).store(_widen(v8, vdt))
-    vbft.index(b).store(_widen_tail(sc_bufs.index(s * 2 + 1).load(vt_layout), v_keep, vdt))
+    vbft.index(b).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
     if INT8_QK == 2:
         acc0, acc1, acc2, si, sl = warpgroup_mma_wait(num_outstanding=0,
                                                       deps=(acc0, acc1, acc2, si, sl))
@@ -678,7 +643,6 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # The tiles every row sees whole (before the first row's causal limit and inside the
     # segment) run without a mask; only the tail tiles build one. The steady loop then holds
     # no masking block, and its compiled size is what each of its tiles issues.
-    v_keep = _tail_keep(v_at, vt_layout)
     n_full = gl.minimum(gl.maximum(gl.minimum(ctx + qi0 + 1, kv_hi) - kv_lo, 0) // TILE_N,
                         n_tiles)
     STEP: gl.constexpr = 2 if PP else 1
@@ -694,14 +658,14 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         for i in range(0, n_full):
             m_i, l_i, acc0, acc1, acc2 = _tile8_ov(
                 qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready,
-                empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+                empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
                 m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, False, LAZY, s_layout, o_layout,
                 o2_layout, ld_layout, vt_layout)
         for i in range(n_full, n_tiles):
             m_i, l_i, acc0, acc1, acc2 = _tile8_ov(
                 qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready,
-                empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+                empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
                 m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, s_layout, o_layout,
                 o2_layout, ld_layout, vt_layout)
@@ -710,7 +674,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         for i in range(first, n_full, STEP):
             m_i, l_i, acc0, acc1, acc2 = _tile8(
                 qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
-                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
                 m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, False, LAZY, W, NUM_WG, PP, s_layout,
                 o_layout,
@@ -718,20 +682,12 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         for i in range(tail, n_tiles, STEP):
             m_i, l_i, acc0, acc1, acc2 = _tile8(
                 qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
-                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, v_keep,
+                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
                 m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, W, NUM_WG, PP, s_layout,
                 o_layout,
                 o2_layout, p_layout, p2_layout, ld_layout, vt_layout)
 
-    if V_BIAS:
-        # Every column carries 1152 x sum(P); the bias column holds exactly that.
-        c2 = gl.arange(0, SCB, layout=gl.SliceLayout(0, o2_layout))
-        bias = gl.sum(gl.where((c2 == v_at)[None, :], acc2, 0.0), axis=1)
-        acc2 = acc2 - bias[:, None]
-        bias_o = gl.convert_layout(bias, row_layout)[:, None]
-        acc0 = acc0 - bias_o
-        acc1 = acc1 - bias_o
     r_o = gl.arange(0, WG_ROWS, layout=row_layout)
     d_o = gl.arange(0, CH8, layout=gl.SliceLayout(0, o_layout)) - v_at
     qi_o = qi0 + r_o // G
@@ -1185,10 +1141,6 @@ def main() -> int:
                         help="one warpgroup's tile reordered so the MMAs run beside the "
                         "scale reads, the V widening and the next tile (_tile8_ov; q x G <= "
                         "64)")
-    parser.add_argument("--v-bias", choices=("sub", "column"), default="sub",
-                        help="fp16 V tile: each code's 1152 bias taken off as it is widened "
-                        "(2 HSUB2 for 4 codes), or once in the epilogue from an accumulator "
-                        "column that sums P x 1152 (V's scale byte set to code 0)")
     parser.add_argument("--v-load", choices=sorted(V_LOADS), default="narrow",
                         help="how a thread holds V's codes as it widens them (see V_LOADS)")
     parser.add_argument("--epilogue", choices=("accumulator", "rows"), default="rows",
@@ -1215,13 +1167,10 @@ def main() -> int:
                         "it went (one column a process)")
     args = parser.parse_args()
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
-    global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS, V_BIAS
+    global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
     global V_LOAD_LAYOUT, EPI_ROWS
-    V_BIAS = gl.constexpr(args.v_bias == "column")
     V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
     EPI_ROWS = gl.constexpr(args.epilogue == "rows")
-    if V_BIAS and args.v_tile != "fp16":
-        parser.error("--v-bias column takes --v-tile fp16")
     TILE_N = args.tile_n
     if OVERLAP and TILE_N != 64:
         parser.error("--overlap takes 64-key tiles")
@@ -1265,7 +1214,6 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
             + ("-pp" if PINGPONG else "") + ("L" if PP_LOADER_DEFAULT else "")
             + ("-ov" if OVERLAP else "")
             + ("-kv" if KT_FROM_V else "") + ("-bt" if BT_AHEAD else "")
-            + ("-vb" if V_BIAS else "")
             + ("-vw" if V_LOAD_LAYOUT.value == V_LOADS["wide"] else "")
             + ("" if EPI_ROWS else "-ea")
             + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake", 4: "-nostore",
@@ -1396,7 +1344,6 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                    "tile_n": TILE_N,
                                    "overlap": OVERLAP, "k_tail_from_v": KT_FROM_V.value,
                                    "block_table_ahead": BT_AHEAD.value,
-                                   "v_bias_column": V_BIAS.value,
                                    "epilogue_rows": (EPI_ROWS.value and not PINGPONG
                                                      and not OVERLAP
                                                      and warpgroups(q, 6)[0] == 1),
