@@ -19,7 +19,8 @@ reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. He
 - the consumer warpgroup (q <= 8 tokens x G heads in 64 rows) runs Q.K on the int8 wgmma:
   the query is quantized per row once (INT8_QK = 2: two terms, as the Triton pass's
   int8_qk=2), K is used as TMA wrote it (8-bit wgmma operands must be K-major, and K's rows
-  are); the scores are scaled by the query row's and the key's scale.
+  are); a score is scaled by the key's scale, and the query row's scale (with qk_scale) is
+  one factor a row inside the exponent's FFMA.
 - V's rows are not K-major for P.V, so V is widened once per tile into a bf16 tile in shared
   memory (int8 codes are exact in bf16) and its per-token scale is folded into P's columns,
   as the Triton pass does.
@@ -28,21 +29,28 @@ reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. He
   halves are there), so the widening is not paid twice.
 - each warpgroup runs whole tiles in a loop with no mask and the tiles that need one in a
   second loop, so the first loop's compiled size is what a steady tile issues.
+- one warpgroup stores its partials a row a warp, through a layout conversion (EPI_ROWS):
+  from the accumulator's layout they used a quarter of each sector and cost about 8 us a
+  call on the H200.
 - LAZY (optional) rescales the accumulator only when a row's maximum passes its reference by
   more than RESCALE_LOG2, instead of on every tile.
 - V16 = fp16 (optional) widens V by the 1024 bias in 5 instructions for 4 codes and runs P.V
   in fp16; P x V-scale then lives in fp16's range (see _p_scale). On the H200 its error
   was below the bf16 tile's (1.7e-3 against 2.3e-3: fp16 keeps 3 more bits of P).
 
-Checked and timed on an H200 (spec_decode_attn.md, "The candidate on an H200"): every KV
-head within stock's error (the fp16 V tile below it), 1.2-1.6x the production int8 plan at
-q = 8 and 1.3-1.5x at q = 16 from 64k, but 39-46 % of the int8 floor at 64k-128k, not 60.
-What bounds it (session 18, --diagnose): the consumer warpgroup. Alone it takes the whole
-time; the loader alone reaches 73 % of the floor at 128k. Options that reorder the consumer
-(--overlap), load fewer boxes (--k-tail v-chunk) or read the block table ahead
+Checked and timed on an H200 (spec_decode_attn.md, "The candidate on an H200" and "Read
+from the hardware counters"): every KV head within stock's error (the fp16 V tile below
+it); at q = 8, two terms, fp16 V, 1.5 / 1.7 / 1.8x the production int8 plan and 27 / 45 /
+51 % of the int8 floor at 16k / 64k / 128k (targets 40 and 60 %); at q = 16 1.4-1.6x from
+64k, 0.8x at 16k. What bounds it (sessions 18-19, --diagnose and ncu): the consumer
+warpgroup, at about a quarter of its issue slots (the rest waits on results, its own wgmmas
+and shared memory); alone it takes nearly the whole time, the loader alone reaches 60 % of
+the floor at 64k and 73 % at 128k, and an empty call costs about 21 us. A second consumer
+warpgroup (--pingpong, either --pingpong-roles) adds no throughput. Options that reorder
+the consumer (--overlap), load fewer boxes (--k-tail v-chunk) or read the block table ahead
 (--block-table ahead) are correct and change the time by 2 % or less; 32-key tiles
 (--tile-n 32) are correct and slower, as the launch (8 warps, 168 registers) allows one CTA
-an SM.
+an SM. --v-load wide and --epilogue accumulator give back session 18's V loads and stores.
 
 Its online softmax, epilogue and compile signature repeat spec_decode_attention_hopper.py's
 and the compile report's on purpose: the candidate compiles without a patched tree. When it
