@@ -260,6 +260,24 @@ V_LOAD_LAYOUT = gl.constexpr(V_LOADS["narrow"])
 EPI_ROWS = gl.constexpr(True)
 # --overlap (host side only: the kernel takes it as OV).
 OVERLAP = False
+# --v-widen warpgroup: V is widened by a worker partition of its own (4 warps) into one of two
+# 16-bit tiles, not by the consumer. ncu put about 28 % of the consumer loop's samples on the
+# widening (session 19), and one warp a scheduler left the rest of its latency unhidden; a
+# second warp a scheduler that only widens takes that work off the consumer's path. One
+# warpgroup of rows, without ping-pong or --overlap. Its registers after setmaxnreg:
+WIDEN_WG = gl.constexpr(False)
+WIDENER_REGS = gl.constexpr(64)
+# --consumer-pipeline (with --v-widen warpgroup): the consumer issues tile i's Q.K, then tile
+# i - 1's P.V, and runs tile i's softmax while that P.V is in the tensor cores (_tile8_pipe).
+# ncu (session 20): the serial consumer spent about 30 % of its loop's samples at its three
+# wgmma waits.
+PIPE = gl.constexpr(False)
+# --consumer-order early (with --v-widen warpgroup): both Q.K terms issued before one wait, and
+# the tile's scales read while they run.
+EARLY = gl.constexpr(False)
+# --widener-hold: the widener loads a tile's codes into registers and releases the stage
+# before it waits for a free 16-bit tile (else it waits first, then reads, then releases).
+WIDEN_HOLD = gl.constexpr(False)
 
 
 # A shared memory view as float32: Triton 3.9 renamed the view's _reinterpret to reinterpret,
@@ -378,6 +396,49 @@ def _p_scale(dtype: gl.constexpr, LAZY: gl.constexpr):
 
 
 @gluon.jit
+def _widener8(bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES: gl.constexpr):
+    """WIDEN_WG: a worker warpgroup that widens each tile's V into 16-bit tile i % 2 (the
+    consumer's P.V reads it), says so on vbars[i % 2], and waits on vbars[2 + i % 2] until the
+    consumer's P.V of tile i - 2 has read that tile. It releases the int8 stage as the
+    consumer does: the stage's empty barrier takes both arrivals."""
+    ld_layout: gl.constexpr = V_LOAD_LAYOUT
+    vt_layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
+    vdt: gl.constexpr = vbf.dtype
+    for i in range(n_tiles):
+        s = i % STAGES
+        b = i % 2
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        if DIAG == 1 or DIAG == 3:
+            # load-only, handshake-only: the consumer does no arithmetic, nor does this.
+            mbarrier.arrive(empty.index(s), count=1)
+        else:
+            if WIDEN_HOLD:
+                # The codes held in registers, and the stage released before the wait for a
+                # free 16-bit tile: the loader need not wait for the consumer's P.V.
+                v0 = bufs.index(s * 4 + 2).load(ld_layout)
+                v1 = bufs.index(s * 4 + 3).load(ld_layout)
+                vt = sc_bufs.index(s * 2 + 1).load(vt_layout)
+                _partition_barrier()
+                mbarrier.arrive(empty.index(s), count=1)
+                mbarrier.wait(vbars.index(2 + b), ((i // 2) & 1) ^ 1)
+                vbf.index(b * 2).store(_widen(v0, vdt))
+                vbf.index(b * 2 + 1).store(_widen(v1, vdt))
+                vbft.index(b).store(_widen(vt, vdt))
+            else:
+                mbarrier.wait(vbars.index(2 + b), ((i // 2) & 1) ^ 1)
+                for c in gl.static_range(2):
+                    v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
+                    vbf.index(b * 2 + c).store(_widen(v8, vdt))
+                vbft.index(b).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
+            fence_async_shared()
+            # Every thread's stores are in before the one thread's arrivals.
+            _partition_barrier()
+            mbarrier.arrive(vbars.index(b), count=1)
+            if not WIDEN_HOLD:
+                mbarrier.arrive(empty.index(s), count=1)
+
+
+@gluon.jit
 def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, row_scale, start, kv_hi, ctx, qi0,
               G: gl.constexpr, TILE_N: gl.constexpr, MASKED: gl.constexpr,
               LAZY: gl.constexpr, vdt: gl.constexpr, s_layout: gl.constexpr,
@@ -446,14 +507,28 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
     start = kv_lo + i * TILE_N
     s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
     mbarrier.wait(ready.index(s), phase)
-    si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
-    si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
-    if INT8_QK == 2:
-        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
-        sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
-        si = si * 256 + sl
-    k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
-    v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
+    if EARLY and WIDEN_WG and NUM_WG == 1 and not PP:
+        # --consumer-order early: both Q.K terms issued at once, and the scales read while
+        # they run (ncu, session 20: the reads after the wait held 10 % of the loop's samples).
+        si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
+        if INT8_QK == 2:
+            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
+        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
+        if INT8_QK == 2:
+            si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
+            si = si * 256 + sl
+        else:
+            si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+    else:
+        si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
+        si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+        if INT8_QK == 2:
+            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+            sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
+            si = si * 256 + sl
+        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
+        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
     vdt: gl.constexpr = vbf.dtype
     m_new, l_i, p, acc0, acc1, acc2 = _softmax8(
         si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2, q_sc, start,
@@ -461,7 +536,18 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
         o2_layout)
     p2 = gl.convert_layout(p, p2_layout)
     p = gl.convert_layout(p, p_layout)
-    if NUM_WG == 1 or PP:
+    if WIDEN_WG and NUM_WG == 1 and not PP:
+        # The widener warpgroup has V in 16-bit tile i % 2 (widened = its barriers: full
+        # 0..1, free 2..3); K and the scales are read, so the stage is released here.
+        b = i % 2
+        mbarrier.arrive(empty.index(s), count=1)
+        mbarrier.wait(widened.index(b), (i // 2) & 1)
+        acc0 = warpgroup_mma(p, vbf.index(b * 2), acc0, is_async=True)
+        acc1 = warpgroup_mma(p, vbf.index(b * 2 + 1), acc1, is_async=True)
+        acc2 = warpgroup_mma(p2, vbft.index(b), acc2, is_async=True)
+        acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
+        mbarrier.arrive(widened.index(2 + b), count=1)
+    elif NUM_WG == 1 or PP:
         # V widened once into the 16-bit tiles the P.V wgmma reads (int8 codes are exact
         # there; with PP each warpgroup has its own, W); the int8 stage is free once read.
         for c in gl.static_range(2):
@@ -492,6 +578,69 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
         acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
         mbarrier.arrive(empty.index(s), count=1)
     return m_new, l_i, acc0, acc1, acc2
+
+
+@gluon.jit
+def _tile8_pipe(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
+                vbars, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
+                p, p2, G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
+                INT8_QK: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr,
+                o_layout: gl.constexpr, o2_layout: gl.constexpr, p_layout: gl.constexpr,
+                p2_layout: gl.constexpr):
+    """PIPE (one warpgroup, the widener warpgroup's V tiles): tile i's Q.K is issued, then
+    tile i - 1's P.V from its P (p, p2), and the wait leaves that P.V running: tile i's
+    softmax runs beside it. Only the accumulators' rescale by tile i's alpha waits for it.
+    Returns tile i's P for the next call (or the caller's last P.V)."""
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    row2_layout: gl.constexpr = gl.SliceLayout(1, o2_layout)
+    s = i % STAGES
+    start = kv_lo + i * TILE_N
+    s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
+    if INT8_QK == 2:
+        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+    b = (i - 1) % 2
+    mbarrier.wait(vbars.index(b), ((i - 1) // 2) & 1)
+    acc0 = warpgroup_mma(p, vbf.index(b * 2), acc0, is_async=True)
+    acc1 = warpgroup_mma(p, vbf.index(b * 2 + 1), acc1, is_async=True)
+    acc2 = warpgroup_mma(p2, vbft.index(b), acc2, is_async=True)
+    if EARLY:
+        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
+        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
+    # Q.K's groups were committed first: waiting down to P.V's three leaves P.V running.
+    if INT8_QK == 2:
+        si, sl = warpgroup_mma_wait(num_outstanding=3, deps=(si, sl))
+        si = si * 256 + sl
+    else:
+        si = warpgroup_mma_wait(num_outstanding=3, deps=(si,))
+    if not EARLY:
+        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
+        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
+    mbarrier.arrive(empty.index(s), count=1)
+    sacc = si.to(gl.float32) * k_sc[None, :]
+    if MASKED:
+        t = start + gl.arange(0, TILE_N, layout=col_layout)
+        rr = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
+        limit = ctx + qi0 + rr // G + 1
+        visible = (t[None, :] < limit[:, None]) & (t[None, :] < kv_hi)
+        sacc = gl.where(visible, sacc, float("-inf"))
+        v_sc = gl.where(t < kv_hi, v_sc, 0.0)
+    m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * q_sc)
+    alpha = gl.exp2(m_i - m_new)
+    pf = gl.exp2(sacc * q_sc[:, None] - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(pf, axis=1)
+    vdt: gl.constexpr = vbf.dtype
+    pn = (pf * (v_sc * _p_scale(vdt, False))[None, :]).to(vdt)
+    acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
+    mbarrier.arrive(vbars.index(2 + b), count=1)
+    a = gl.convert_layout(alpha, row_layout)[:, None]
+    acc0 = acc0 * a
+    acc1 = acc1 * a
+    acc2 = acc2 * gl.convert_layout(alpha, row2_layout)[:, None]
+    return (m_new, l_i, acc0, acc1, acc2, gl.convert_layout(pn, p_layout),
+            gl.convert_layout(pn, p2_layout))
 
 
 @gluon.jit
@@ -662,6 +811,46 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         for i in range(0, n_tiles):
             mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
             mbarrier.arrive(empty.index(i % STAGES), count=1)
+    elif PIPE and WIDEN_WG and NUM_WG == 1 and not PP:
+        # Tile 0 alone (masked: right whatever the tile), then each call runs tile i's
+        # softmax beside tile i - 1's P.V, and the last P.V after the loops.
+        vdt: gl.constexpr = vbf.dtype
+        mbarrier.wait(ready.index(0), 0)
+        s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
+        si = _qk_term(qh_smem, qht, bufs, kt_bufs, 0, s_zero)
+        if INT8_QK == 2:
+            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, 0, s_zero)
+            si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
+            si = si * 256 + sl
+        else:
+            si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        k_sc = _k_scales(bufs, sc_bufs, 0, k_at // 4, TILE_N, col_layout)
+        v_sc = _scales(sc_bufs, 1, v_at // 4, TILE_N, col_layout)
+        mbarrier.arrive(empty.index(0), count=1)
+        m_i, l_i, pn, acc0, acc1, acc2 = _softmax8(
+            si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2, q_sc, kv_lo,
+            kv_hi, ctx, qi0, G, TILE_N, True, False, vdt, s_layout, o_layout, o2_layout)
+        p = gl.convert_layout(pn, p_layout)
+        p2 = gl.convert_layout(pn, p2_layout)
+        for i in range(1, n_full):
+            m_i, l_i, acc0, acc1, acc2, p, p2 = _tile8_pipe(
+                qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
+                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1,
+                acc2, p, p2, G, TILE_N, STAGES, INT8_QK, False, s_layout, o_layout, o2_layout,
+                p_layout, p2_layout)
+        for i in range(gl.maximum(n_full, 1), n_tiles):
+            m_i, l_i, acc0, acc1, acc2, p, p2 = _tile8_pipe(
+                qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
+                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1,
+                acc2, p, p2, G, TILE_N, STAGES, INT8_QK, True, s_layout, o_layout, o2_layout,
+                p_layout, p2_layout)
+        b = (n_tiles - 1) % 2
+        mbarrier.wait(widened.index(b), ((n_tiles - 1) // 2) & 1)
+        acc0 = warpgroup_mma(p, vbf.index(b * 2), acc0, is_async=True)
+        acc1 = warpgroup_mma(p, vbf.index(b * 2 + 1), acc1, is_async=True)
+        acc2 = warpgroup_mma(p2, vbft.index(b), acc2, is_async=True)
+        acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
     elif OV:
         for i in range(0, n_full):
             m_i, l_i, acc0, acc1, acc2 = _tile8_ov(
@@ -834,11 +1023,13 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         widened = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # With the widener warpgroup a stage is released by it and the consumer.
+        WIDENS: gl.constexpr = WIDEN_WG and NUM_WG == 1 and not PP and not OV
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             # Every consumer warpgroup releases a stage, and (two of them) widens half of V.
             # With PP one warpgroup reads a stage, and widened[0] says the query is there.
-            mbarrier.init(empty.index(i), count=1 if PP else NUM_WG)
+            mbarrier.init(empty.index(i), count=1 if PP else NUM_WG + WIDENS)
             mbarrier.init(widened.index(i), count=1 if PP else NUM_WG)
         bt_row = block_table_ptr + seq.to(gl.int64) * stride_bt
         # A head's K and V rarely start on the 16-byte boundary a TMA box must (a row of a
@@ -921,6 +1112,26 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif WIDENS:
+            # Two 16-bit V tiles (the widener runs up to two tiles ahead of P.V) and their
+            # barriers: full 0..1 (the widener arrives), free 2..3 (the consumer's P.V).
+            vbf = gl.allocate_shared_memory(V16, [4, TILE_N, CH8], vbf_layout)
+            vbft = gl.allocate_shared_memory(V16, [2, TILE_N, SCB], vbft_layout)
+            vbars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(4):
+                mbarrier.init(vbars.index(i), count=1)
+            gl.warp_specialize([
+                (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
+                             bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, vbars,
+                             seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
+                             n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
+                             NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
+                             0, 1, False, False)),
+                (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
+                            bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
+                            BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
+                (_widener8, (bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES)),
+            ], [1, 4], [LOADER_REGS, WIDENER_REGS])
         else:
             # OV widens a tile's V while the previous tile's P.V still reads its own: two
             # 16-bit V tiles, and P in shared memory.
@@ -1155,6 +1366,24 @@ def main() -> int:
                         help="store the partials from the accumulator's layout, or a row a "
                         "warp after a layout conversion (coalesced; one warpgroup without "
                         "--pingpong or --overlap only, the accumulator's layout elsewhere)")
+    parser.add_argument("--v-widen", choices=("consumer", "warpgroup"), default="consumer",
+                        help="who widens V into the 16-bit tile: the consumer warpgroup, or a "
+                        "worker warpgroup of its own into two tiles (q x G <= 64, no "
+                        "--pingpong or --overlap)")
+    parser.add_argument("--consumer-pipeline", action="store_true",
+                        help="with --v-widen warpgroup: tile i's softmax runs beside tile "
+                        "i - 1's P.V (_tile8_pipe)")
+    parser.add_argument("--consumer-order", choices=("serial", "early"), default="serial",
+                        help="with --v-widen warpgroup: each Q.K term waited for in turn and "
+                        "the scales read after, or both terms issued at once and the scales "
+                        "read while they run")
+    parser.add_argument("--widener-hold", action="store_true",
+                        help="with --v-widen warpgroup: the widener holds a tile's codes in "
+                        "registers and releases the stage before waiting for a free 16-bit "
+                        "tile")
+    parser.add_argument("--widener-regs", type=int, default=None,
+                        help="with --v-widen warpgroup: the widener's registers after "
+                        "setmaxnreg (default 64)")
     parser.add_argument("--k-tail", choices=("box", "v-chunk"), default="box",
                         help="K's tail and scale as boxes of their own (7 a block) or read "
                         "from V's first chunk (5 a block)")
@@ -1176,7 +1405,7 @@ def main() -> int:
     args = parser.parse_args()
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
-    global V_LOAD_LAYOUT, EPI_ROWS
+    global V_LOAD_LAYOUT, EPI_ROWS, WIDEN_WG, WIDENER_REGS, PIPE, EARLY, WIDEN_HOLD
     V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
     EPI_ROWS = gl.constexpr(args.epilogue == "rows")
     TILE_N = args.tile_n
@@ -1195,6 +1424,19 @@ def main() -> int:
     if args.consumer_regs is not None:
         CONSUMER_REGS = gl.constexpr(args.consumer_regs)
     OVERLAP = args.overlap
+    WIDEN_WG = gl.constexpr(args.v_widen == "warpgroup")
+    if WIDEN_WG and (PINGPONG or OVERLAP):
+        parser.error("--v-widen warpgroup takes one warpgroup of rows: no --pingpong or "
+                     "--overlap")
+    PIPE = gl.constexpr(args.consumer_pipeline)
+    EARLY = gl.constexpr(args.consumer_order == "early")
+    WIDEN_HOLD = gl.constexpr(args.widener_hold)
+    if (EARLY or WIDEN_HOLD) and not WIDEN_WG:
+        parser.error("--consumer-order early and --widener-hold take --v-widen warpgroup")
+    if PIPE and not WIDEN_WG:
+        parser.error("--consumer-pipeline takes --v-widen warpgroup")
+    if args.widener_regs is not None:
+        WIDENER_REGS = gl.constexpr(args.widener_regs)
     if OVERLAP and (PINGPONG or args.queries != "8"):
         parser.error("--overlap takes one warpgroup of rows: --queries 8, no --pingpong")
     MAXNREG = args.maxnreg or MAXNREG
@@ -1220,7 +1462,8 @@ def main() -> int:
 def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
     return (f"qk{int8_qk}" + ("-lazy" if lazy else "") + ("-f16" if v_tile == "fp16" else "")
             + ("-pp" if PINGPONG else "") + ("L" if PP_LOADER_DEFAULT else "")
-            + ("-ov" if OVERLAP else "")
+            + ("-ov" if OVERLAP else "") + ("-wg" if WIDEN_WG else "") + ("p" if PIPE else "")
+            + ("e" if EARLY else "") + ("h" if WIDEN_HOLD else "")
             + ("-kv" if KT_FROM_V else "") + ("-bt" if BT_AHEAD else "")
             + ("-vw" if V_LOAD_LAYOUT.value == V_LOADS["wide"] else "")
             + ("" if EPI_ROWS else "-ea")
@@ -1351,6 +1594,13 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                    "consumer_regs": CONSUMER_REGS.value,
                                    "tile_n": TILE_N,
                                    "overlap": OVERLAP, "k_tail_from_v": KT_FROM_V.value,
+                                   "widener_wg": (WIDEN_WG.value and not PINGPONG
+                                                  and not OVERLAP
+                                                  and warpgroups(q, 6)[0] == 1),
+                                   "widener_regs": WIDENER_REGS.value,
+                                   "consumer_pipeline": PIPE.value,
+                                   "consumer_early": EARLY.value,
+                                   "widener_hold": WIDEN_HOLD.value,
                                    "block_table_ahead": BT_AHEAD.value,
                                    "epilogue_rows": (EPI_ROWS.value and not PINGPONG
                                                      and not OVERLAP
