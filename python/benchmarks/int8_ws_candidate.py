@@ -10,9 +10,10 @@ reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. He
 - one loader warp copies each 64-key tile with TMA. A box must start on a 16-byte boundary
   (H200, 2026-12-04: a box 4, 8 or 12 bytes past one faults with "illegal instruction"),
   and a head's K starts 0 or 8 bytes past one, its V 4 or 12. So every box starts at the
-  boundary below: K as two 128-byte chunks and a 32-byte tail, V as two 128-byte chunks and
-  a 16-byte tail that also holds V's scale, and a 16-byte box that holds K's scale. No
-  consumer thread computes a copy address.
+  boundary below: V as two 128-byte chunks and a 16-byte tail that also holds V's scale, and
+  K as two 128-byte chunks whose 32-byte tail and scale are read from V's first chunk (the
+  boundary below V is 256 bytes past K's: 5 boxes a block). No consumer thread computes a
+  copy address.
 - the shift is paid where it is free: the query is shifted by K's offset (zeros under the
   neighbouring bytes, so they add nothing to Q.K), and the accumulators hold V's column d
   at d + V's offset, which the epilogue shifts back.
@@ -23,7 +24,9 @@ reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. He
   one factor a row inside the exponent's FFMA.
 - V's rows are not K-major for P.V, so V is widened once per tile into a bf16 tile in shared
   memory (int8 codes are exact in bf16) and its per-token scale is folded into P's columns,
-  as the Triton pass does.
+  as the Triton pass does. With one warpgroup of rows a widener warpgroup of its own does
+  it, into one of two 16-bit tiles (WIDEN_WG), so the consumer's warps issue only Q.K, the
+  softmax and P.V.
 - q x G over 64 rows (q = 16 at G = 6) takes two consumer warpgroups over the same tiles,
   the tokens split evenly; each widens half of V for both (an mbarrier a stage says both
   halves are there), so the widening is not paid twice.
@@ -38,19 +41,21 @@ reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. He
   in fp16; P x V-scale then lives in fp16's range (see _p_scale). On the H200 its error
   was below the bf16 tile's (1.7e-3 against 2.3e-3: fp16 keeps 3 more bits of P).
 
-Checked and timed on an H200 (spec_decode_attn.md, "The candidate on an H200" and "Read
-from the hardware counters"): every KV head within stock's error (the fp16 V tile below
-it); at q = 8, two terms, fp16 V, 1.5 / 1.7 / 1.8x the production int8 plan and 27 / 45 /
-51 % of the int8 floor at 16k / 64k / 128k (targets 40 and 60 %); at q = 16 1.4-1.6x from
-64k, 0.8x at 16k. What bounds it (sessions 18-19, --diagnose and ncu): the consumer
-warpgroup, at about a quarter of its issue slots (the rest waits on results, its own wgmmas
-and shared memory); alone it takes nearly the whole time, the loader alone reaches 60 % of
-the floor at 64k and 73 % at 128k, and an empty call costs about 21 us. A second consumer
-warpgroup (--pingpong, either --pingpong-roles) adds no throughput. Options that reorder
-the consumer (--overlap), load fewer boxes (--k-tail v-chunk) or read the block table ahead
-(--block-table ahead) are correct and change the time by 2 % or less; 32-key tiles
-(--tile-n 32) are correct and slower, as the launch (8 warps, 168 registers) allows one CTA
-an SM. --v-load wide and --epilogue accumulator give back session 18's V loads and stores.
+Checked and timed on an H200 (spec_decode_attn.md, "The candidate on an H200", "Read from
+the hardware counters" and "A widener warpgroup"): every KV head within stock's error (the
+fp16 V tile below it); at q = 8, two terms, fp16 V, about 1.6 / 1.9 / 2.0x the production
+int8 plan and 29 / 51 / 59 % of the int8 floor at 16k / 64k / 128k (targets 40 and 60 %);
+at q = 16 1.4-1.6x from 64k, 0.8x at 16k. What bounds it (sessions 18-20, --diagnose and
+ncu): the consumer warpgroup, which waits on its own wgmmas for about a third of its loop's
+samples; alone it takes nearly the whole time, the loader alone reaches 68 % of the floor
+at 64k and 80 % at 128k, and about 15 us of a call do not grow with the context. A second
+consumer warpgroup (--pingpong, either --pingpong-roles) adds no throughput, and no order
+of one consumer's steps measured so far beat the plain one (--overlap; session 20's
+pipelined P.V, early scale reads and a widener that holds its codes: commit 22a5271). The
+block table read ahead (--block-table ahead) changes the time by 2 % or less; 32-key tiles
+(--tile-n 32) are correct and slower, as the launch's registers allow one CTA an SM.
+--v-load wide, --epilogue accumulator, --k-tail box and --v-widen consumer give back
+earlier sessions' V loads, stores, boxes and widening.
 
 Its online softmax, epilogue and compile signature repeat spec_decode_attention_hopper.py's
 and the compile report's on purpose: the candidate compiles without a patched tree. When it
@@ -97,7 +102,8 @@ WG_ROWS = gl.constexpr(64)
 CH8 = gl.constexpr(128)  # int8 columns a chunk: 128 bytes, the widest swizzle
 SCB = gl.constexpr(16)  # bytes of a scale box, and of V's tail box (its scale inside)
 KT = gl.constexpr(32)  # bytes of K's tail box: one int8 k-step of the Q.K wgmma
-# Registers a thread over the launch (5 warps), and the loader warp's share after setmaxnreg.
+# Registers a thread over the launch (12 warps with the widener: 384 x 168 fits the SM's
+# 65,536), and the loader warp's share after setmaxnreg.
 MAXNREG = 168
 LOADER_REGS = gl.constexpr(24)
 # The second consumer warpgroup's registers (a worker partition), as the bf16 Gluon pass gives.
@@ -260,24 +266,15 @@ V_LOAD_LAYOUT = gl.constexpr(V_LOADS["narrow"])
 EPI_ROWS = gl.constexpr(True)
 # --overlap (host side only: the kernel takes it as OV).
 OVERLAP = False
-# --v-widen warpgroup: V is widened by a worker partition of its own (4 warps) into one of two
-# 16-bit tiles, not by the consumer. ncu put about 28 % of the consumer loop's samples on the
-# widening (session 19), and one warp a scheduler left the rest of its latency unhidden; a
-# second warp a scheduler that only widens takes that work off the consumer's path. One
-# warpgroup of rows, without ping-pong or --overlap. Its registers after setmaxnreg:
-WIDEN_WG = gl.constexpr(False)
+# --v-widen warpgroup (the default since session 20): V is widened by a worker partition of
+# its own (4 warps) into one of two 16-bit tiles, not by the consumer. ncu put about 28 % of
+# the consumer loop's samples on the widening (session 19), with one consumer warp a
+# scheduler; a second warp a scheduler that only widens takes that work off the consumer's
+# path, and the consumer no longer spills (ptxas: 240 bytes before, none after). H200: 7 / 11
+# / 12 % faster at 16k / 64k / 128k. One warpgroup of rows without --pingpong or --overlap;
+# elsewhere the consumers widen. Its registers after setmaxnreg:
+WIDEN_WG = gl.constexpr(True)
 WIDENER_REGS = gl.constexpr(64)
-# --consumer-pipeline (with --v-widen warpgroup): the consumer issues tile i's Q.K, then tile
-# i - 1's P.V, and runs tile i's softmax while that P.V is in the tensor cores (_tile8_pipe).
-# ncu (session 20): the serial consumer spent about 30 % of its loop's samples at its three
-# wgmma waits.
-PIPE = gl.constexpr(False)
-# --consumer-order early (with --v-widen warpgroup): both Q.K terms issued before one wait, and
-# the tile's scales read while they run.
-EARLY = gl.constexpr(False)
-# --widener-hold: the widener loads a tile's codes into registers and releases the stage
-# before it waits for a free 16-bit tile (else it waits first, then reads, then releases).
-WIDEN_HOLD = gl.constexpr(False)
 
 
 # A shared memory view as float32: Triton 3.9 renamed the view's _reinterpret to reinterpret,
@@ -310,9 +307,9 @@ def _scales(sc_bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
 # code is 256 bytes past the one below K's: so V's first 128-byte chunk starts with K's tail
 # and scale, and the head is 4 chunks and a 16-byte tail (5 boxes). False loads them as boxes
 # of their own (7 boxes a block). One a process (--k-tail); the kernels read it as they compile.
-# On the H200 (2026-12-04) 5 boxes took the time 7 did: the consumer bounds a tile, and the
-# loader alone was 2 % faster with 5.
-KT_FROM_V = gl.constexpr(False)
+# On the H200 (2026-12-04) 5 boxes took the time 7 did while the consumer bounded a tile
+# (session 18); with the widener warpgroup 5 are 1-2 % faster, and the default (session 20).
+KT_FROM_V = gl.constexpr(True)
 # The loader reads each tile's block-table entries as one vector two tiles ahead (True) or
 # each just before its box (False). One a process (--block-table).
 BT_AHEAD = gl.constexpr(False)
@@ -412,30 +409,16 @@ def _widener8(bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES: gl
             # load-only, handshake-only: the consumer does no arithmetic, nor does this.
             mbarrier.arrive(empty.index(s), count=1)
         else:
-            if WIDEN_HOLD:
-                # The codes held in registers, and the stage released before the wait for a
-                # free 16-bit tile: the loader need not wait for the consumer's P.V.
-                v0 = bufs.index(s * 4 + 2).load(ld_layout)
-                v1 = bufs.index(s * 4 + 3).load(ld_layout)
-                vt = sc_bufs.index(s * 2 + 1).load(vt_layout)
-                _partition_barrier()
-                mbarrier.arrive(empty.index(s), count=1)
-                mbarrier.wait(vbars.index(2 + b), ((i // 2) & 1) ^ 1)
-                vbf.index(b * 2).store(_widen(v0, vdt))
-                vbf.index(b * 2 + 1).store(_widen(v1, vdt))
-                vbft.index(b).store(_widen(vt, vdt))
-            else:
-                mbarrier.wait(vbars.index(2 + b), ((i // 2) & 1) ^ 1)
-                for c in gl.static_range(2):
-                    v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
-                    vbf.index(b * 2 + c).store(_widen(v8, vdt))
-                vbft.index(b).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
+            mbarrier.wait(vbars.index(2 + b), ((i // 2) & 1) ^ 1)
+            for c in gl.static_range(2):
+                v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
+                vbf.index(b * 2 + c).store(_widen(v8, vdt))
+            vbft.index(b).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
             fence_async_shared()
             # Every thread's stores are in before the one thread's arrivals.
             _partition_barrier()
             mbarrier.arrive(vbars.index(b), count=1)
-            if not WIDEN_HOLD:
-                mbarrier.arrive(empty.index(s), count=1)
+            mbarrier.arrive(empty.index(s), count=1)
 
 
 @gluon.jit
@@ -507,28 +490,14 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
     start = kv_lo + i * TILE_N
     s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
     mbarrier.wait(ready.index(s), phase)
-    if EARLY and WIDEN_WG and NUM_WG == 1 and not PP:
-        # --consumer-order early: both Q.K terms issued at once, and the scales read while
-        # they run (ncu, session 20: the reads after the wait held 10 % of the loop's samples).
-        si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
-        if INT8_QK == 2:
-            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
-        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
-        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
-        if INT8_QK == 2:
-            si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
-            si = si * 256 + sl
-        else:
-            si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
-    else:
-        si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
-        si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
-        if INT8_QK == 2:
-            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
-            sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
-            si = si * 256 + sl
-        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
-        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
+    si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
+    si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+    if INT8_QK == 2:
+        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+        sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
+        si = si * 256 + sl
+    k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
+    v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
     vdt: gl.constexpr = vbf.dtype
     m_new, l_i, p, acc0, acc1, acc2 = _softmax8(
         si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2, q_sc, start,
@@ -578,69 +547,6 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
         acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
         mbarrier.arrive(empty.index(s), count=1)
     return m_new, l_i, acc0, acc1, acc2
-
-
-@gluon.jit
-def _tile8_pipe(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
-                vbars, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
-                p, p2, G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
-                INT8_QK: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr,
-                o_layout: gl.constexpr, o2_layout: gl.constexpr, p_layout: gl.constexpr,
-                p2_layout: gl.constexpr):
-    """PIPE (one warpgroup, the widener warpgroup's V tiles): tile i's Q.K is issued, then
-    tile i - 1's P.V from its P (p, p2), and the wait leaves that P.V running: tile i's
-    softmax runs beside it. Only the accumulators' rescale by tile i's alpha waits for it.
-    Returns tile i's P for the next call (or the caller's last P.V)."""
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    row2_layout: gl.constexpr = gl.SliceLayout(1, o2_layout)
-    s = i % STAGES
-    start = kv_lo + i * TILE_N
-    s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
-    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-    si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
-    if INT8_QK == 2:
-        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
-    b = (i - 1) % 2
-    mbarrier.wait(vbars.index(b), ((i - 1) // 2) & 1)
-    acc0 = warpgroup_mma(p, vbf.index(b * 2), acc0, is_async=True)
-    acc1 = warpgroup_mma(p, vbf.index(b * 2 + 1), acc1, is_async=True)
-    acc2 = warpgroup_mma(p2, vbft.index(b), acc2, is_async=True)
-    if EARLY:
-        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
-        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
-    # Q.K's groups were committed first: waiting down to P.V's three leaves P.V running.
-    if INT8_QK == 2:
-        si, sl = warpgroup_mma_wait(num_outstanding=3, deps=(si, sl))
-        si = si * 256 + sl
-    else:
-        si = warpgroup_mma_wait(num_outstanding=3, deps=(si,))
-    if not EARLY:
-        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
-        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
-    mbarrier.arrive(empty.index(s), count=1)
-    sacc = si.to(gl.float32) * k_sc[None, :]
-    if MASKED:
-        t = start + gl.arange(0, TILE_N, layout=col_layout)
-        rr = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
-        limit = ctx + qi0 + rr // G + 1
-        visible = (t[None, :] < limit[:, None]) & (t[None, :] < kv_hi)
-        sacc = gl.where(visible, sacc, float("-inf"))
-        v_sc = gl.where(t < kv_hi, v_sc, 0.0)
-    m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * q_sc)
-    alpha = gl.exp2(m_i - m_new)
-    pf = gl.exp2(sacc * q_sc[:, None] - m_new[:, None])
-    l_i = l_i * alpha + gl.sum(pf, axis=1)
-    vdt: gl.constexpr = vbf.dtype
-    pn = (pf * (v_sc * _p_scale(vdt, False))[None, :]).to(vdt)
-    acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
-    mbarrier.arrive(vbars.index(2 + b), count=1)
-    a = gl.convert_layout(alpha, row_layout)[:, None]
-    acc0 = acc0 * a
-    acc1 = acc1 * a
-    acc2 = acc2 * gl.convert_layout(alpha, row2_layout)[:, None]
-    return (m_new, l_i, acc0, acc1, acc2, gl.convert_layout(pn, p_layout),
-            gl.convert_layout(pn, p2_layout))
 
 
 @gluon.jit
@@ -811,46 +717,6 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         for i in range(0, n_tiles):
             mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
             mbarrier.arrive(empty.index(i % STAGES), count=1)
-    elif PIPE and WIDEN_WG and NUM_WG == 1 and not PP:
-        # Tile 0 alone (masked: right whatever the tile), then each call runs tile i's
-        # softmax beside tile i - 1's P.V, and the last P.V after the loops.
-        vdt: gl.constexpr = vbf.dtype
-        mbarrier.wait(ready.index(0), 0)
-        s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
-        si = _qk_term(qh_smem, qht, bufs, kt_bufs, 0, s_zero)
-        if INT8_QK == 2:
-            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, 0, s_zero)
-            si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
-            si = si * 256 + sl
-        else:
-            si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
-        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-        k_sc = _k_scales(bufs, sc_bufs, 0, k_at // 4, TILE_N, col_layout)
-        v_sc = _scales(sc_bufs, 1, v_at // 4, TILE_N, col_layout)
-        mbarrier.arrive(empty.index(0), count=1)
-        m_i, l_i, pn, acc0, acc1, acc2 = _softmax8(
-            si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2, q_sc, kv_lo,
-            kv_hi, ctx, qi0, G, TILE_N, True, False, vdt, s_layout, o_layout, o2_layout)
-        p = gl.convert_layout(pn, p_layout)
-        p2 = gl.convert_layout(pn, p2_layout)
-        for i in range(1, n_full):
-            m_i, l_i, acc0, acc1, acc2, p, p2 = _tile8_pipe(
-                qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
-                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1,
-                acc2, p, p2, G, TILE_N, STAGES, INT8_QK, False, s_layout, o_layout, o2_layout,
-                p_layout, p2_layout)
-        for i in range(gl.maximum(n_full, 1), n_tiles):
-            m_i, l_i, acc0, acc1, acc2, p, p2 = _tile8_pipe(
-                qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
-                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1,
-                acc2, p, p2, G, TILE_N, STAGES, INT8_QK, True, s_layout, o_layout, o2_layout,
-                p_layout, p2_layout)
-        b = (n_tiles - 1) % 2
-        mbarrier.wait(widened.index(b), ((n_tiles - 1) // 2) & 1)
-        acc0 = warpgroup_mma(p, vbf.index(b * 2), acc0, is_async=True)
-        acc1 = warpgroup_mma(p, vbf.index(b * 2 + 1), acc1, is_async=True)
-        acc2 = warpgroup_mma(p2, vbft.index(b), acc2, is_async=True)
-        acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
     elif OV:
         for i in range(0, n_full):
             m_i, l_i, acc0, acc1, acc2 = _tile8_ov(
@@ -1366,25 +1232,14 @@ def main() -> int:
                         help="store the partials from the accumulator's layout, or a row a "
                         "warp after a layout conversion (coalesced; one warpgroup without "
                         "--pingpong or --overlap only, the accumulator's layout elsewhere)")
-    parser.add_argument("--v-widen", choices=("consumer", "warpgroup"), default="consumer",
-                        help="who widens V into the 16-bit tile: the consumer warpgroup, or a "
-                        "worker warpgroup of its own into two tiles (q x G <= 64, no "
-                        "--pingpong or --overlap)")
-    parser.add_argument("--consumer-pipeline", action="store_true",
-                        help="with --v-widen warpgroup: tile i's softmax runs beside tile "
-                        "i - 1's P.V (_tile8_pipe)")
-    parser.add_argument("--consumer-order", choices=("serial", "early"), default="serial",
-                        help="with --v-widen warpgroup: each Q.K term waited for in turn and "
-                        "the scales read after, or both terms issued at once and the scales "
-                        "read while they run")
-    parser.add_argument("--widener-hold", action="store_true",
-                        help="with --v-widen warpgroup: the widener holds a tile's codes in "
-                        "registers and releases the stage before waiting for a free 16-bit "
-                        "tile")
+    parser.add_argument("--v-widen", choices=("consumer", "warpgroup"), default="warpgroup",
+                        help="who widens V into the 16-bit tile: a worker warpgroup of its own "
+                        "into two tiles (one warpgroup of rows without --pingpong or "
+                        "--overlap; the consumers elsewhere), or the consumer warpgroup")
     parser.add_argument("--widener-regs", type=int, default=None,
                         help="with --v-widen warpgroup: the widener's registers after "
                         "setmaxnreg (default 64)")
-    parser.add_argument("--k-tail", choices=("box", "v-chunk"), default="box",
+    parser.add_argument("--k-tail", choices=("box", "v-chunk"), default="v-chunk",
                         help="K's tail and scale as boxes of their own (7 a block) or read "
                         "from V's first chunk (5 a block)")
     parser.add_argument("--block-table", choices=("per-box", "ahead"), default="per-box",
@@ -1405,7 +1260,7 @@ def main() -> int:
     args = parser.parse_args()
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
-    global V_LOAD_LAYOUT, EPI_ROWS, WIDEN_WG, WIDENER_REGS, PIPE, EARLY, WIDEN_HOLD
+    global V_LOAD_LAYOUT, EPI_ROWS, WIDEN_WG, WIDENER_REGS
     V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
     EPI_ROWS = gl.constexpr(args.epilogue == "rows")
     TILE_N = args.tile_n
@@ -1425,16 +1280,6 @@ def main() -> int:
         CONSUMER_REGS = gl.constexpr(args.consumer_regs)
     OVERLAP = args.overlap
     WIDEN_WG = gl.constexpr(args.v_widen == "warpgroup")
-    if WIDEN_WG and (PINGPONG or OVERLAP):
-        parser.error("--v-widen warpgroup takes one warpgroup of rows: no --pingpong or "
-                     "--overlap")
-    PIPE = gl.constexpr(args.consumer_pipeline)
-    EARLY = gl.constexpr(args.consumer_order == "early")
-    WIDEN_HOLD = gl.constexpr(args.widener_hold)
-    if (EARLY or WIDEN_HOLD) and not WIDEN_WG:
-        parser.error("--consumer-order early and --widener-hold take --v-widen warpgroup")
-    if PIPE and not WIDEN_WG:
-        parser.error("--consumer-pipeline takes --v-widen warpgroup")
     if args.widener_regs is not None:
         WIDENER_REGS = gl.constexpr(args.widener_regs)
     if OVERLAP and (PINGPONG or args.queries != "8"):
@@ -1462,9 +1307,8 @@ def main() -> int:
 def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
     return (f"qk{int8_qk}" + ("-lazy" if lazy else "") + ("-f16" if v_tile == "fp16" else "")
             + ("-pp" if PINGPONG else "") + ("L" if PP_LOADER_DEFAULT else "")
-            + ("-ov" if OVERLAP else "") + ("-wg" if WIDEN_WG else "") + ("p" if PIPE else "")
-            + ("e" if EARLY else "") + ("h" if WIDEN_HOLD else "")
-            + ("-kv" if KT_FROM_V else "") + ("-bt" if BT_AHEAD else "")
+            + ("-ov" if OVERLAP else "") + ("" if WIDEN_WG else "-cw")
+            + ("" if KT_FROM_V else "-k7") + ("-bt" if BT_AHEAD else "")
             + ("-vw" if V_LOAD_LAYOUT.value == V_LOADS["wide"] else "")
             + ("" if EPI_ROWS else "-ea")
             + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake", 4: "-nostore",
@@ -1478,14 +1322,17 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
     counts the others: every consumer warpgroup has two MMA loops, whole tiles then the
     masked tail, and a KV token costs the whole-tile loops of all of them. With the lazy
     rescale the rescale is a guarded block: warp_insts_per_token counts it (a tile that
-    rescales), steady_warp_insts_per_token leaves it out (one that does not)."""
+    rescales), steady_warp_insts_per_token leaves it out (one that does not). Where the
+    widener warpgroup widens V (one warpgroup of rows), its loop (4 warps, no MMA) issues on
+    the same SM: widener_warp_insts_per_token, and all_*_per_token the sum the budget holds."""
     import tempfile
 
     sys.path.insert(0, str(PYTHON_DIR))
     sys.path.insert(0, str(HERE))
     from split_pass_issue import H200_CLOCK_GHZ, H200_SMS, ISSUE_PER_SM, sass_of
 
-    from tests.support.sass_loops import mma_loops
+    from tests.support.sass_loops import loops as all_loops
+    from tests.support.sass_loops import mma_loops, parse_sass
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -1498,7 +1345,8 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                 name = variant_name(mode, lazy, v_tile)
                 compiled = compile_sm90(mode, stages, q=q, lazy=lazy, v_tile=v_tile,
                                         pingpong=PINGPONG, overlap=OVERLAP)
-                loops = mma_loops(sass_of(compiled.asm["cubin"], Path(tmp)))
+                sass = sass_of(compiled.asm["cubin"], Path(tmp))
+                loops = mma_loops(sass)
                 if len(loops) != 2 * num_wg:
                     raise RuntimeError(f"{name} q={q}: {len(loops)} MMA loops, expected two a "
                                        f"consumer warpgroup ({num_wg})")
@@ -1518,6 +1366,16 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                 for loop in steady:
                     for k, n in loop.classes().items():
                         classes[k] = classes.get(k, 0) + n
+                widener = None
+                if WIDEN_WG and num_wg == 1 and not OVERLAP:
+                    # The innermost loop with no MMA that stores widened codes to shared memory.
+                    found = [lp for lp in all_loops(parse_sass(sass))
+                             if not lp.mma and lp.opcodes["STS"] >= 4]
+                    inner = [a for a in found if not any(a.contains(b) for b in found if b != a)]
+                    if len(inner) != 1:
+                        raise RuntimeError(f"{name} q={q}: {len(inner)} widener loops, expected 1")
+                    widener = inner[0]
+                w_token = widener.instructions * 4 / TILE_N if widener else 0.0
                 rows.append({"variant": name, "q": q, "warpgroups": num_wg, "int8_qk": mode,
                              "lazy": lazy, "v_tile": v_tile, "stages": stages,
                              "shared": compiled.metadata.shared,
@@ -1529,7 +1387,15 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                              "steady_warp_insts_per_token": (insts - guarded) * 4 / TILE_N
                              / share,
                              "mma_per_warp": sum(loop.mma for loop in steady),
-                             "classes": classes, "issue_floor_us_64k": issue_us})
+                             "classes": classes,
+                             "widener_loop_insts_per_warp": (widener.instructions if widener
+                                                             else 0),
+                             "widener_warp_insts_per_token": w_token,
+                             "widener_classes": widener.classes() if widener else {},
+                             "all_warp_insts_per_token": per_token + w_token,
+                             "all_steady_warp_insts_per_token": (insts - guarded) * 4 / TILE_N
+                             / share + w_token,
+                             "issue_floor_us_64k": issue_us * (per_token + w_token) / per_token})
                 print(json.dumps(rows[-1]), flush=True)
     if out:
         out.write_text(json.dumps(rows, indent=1))
@@ -1598,9 +1464,6 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                                   and not OVERLAP
                                                   and warpgroups(q, 6)[0] == 1),
                                    "widener_regs": WIDENER_REGS.value,
-                                   "consumer_pipeline": PIPE.value,
-                                   "consumer_early": EARLY.value,
-                                   "widener_hold": WIDEN_HOLD.value,
                                    "block_table_ahead": BT_AHEAD.value,
                                    "epilogue_rows": (EPI_ROWS.value and not PINGPONG
                                                      and not OVERLAP

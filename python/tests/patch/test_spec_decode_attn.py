@@ -495,15 +495,17 @@ def test_issue_budget_reads_the_steady_state_loop_of_each_split_pass(
 def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -> None:
     """benchmarks/int8_ws_candidate.py (issue 21's warp-specialised int8 split pass, not in
     the series) compiles for sm_90a with this Triton in every variant (one or two Q.K terms,
-    eager or lazy rescale, V widened to bf16 or fp16) at q = 8 (one consumer warpgroup) and
-    q = 16 (two). Each
-    warpgroup's whole-tile loop (the first of its two MMA loops; the masked tail is the
+    eager or lazy rescale, V widened to bf16 or fp16) at q = 8 (one consumer warpgroup and a
+    widener warpgroup) and q = 16 (two consumer warpgroups that widen V themselves). Each
+    consumer's whole-tile loop (the first of its two MMA loops; the masked tail is the
     second) issues no global copy (the loader warp's TMA does them). Eager, it holds no block
     a branch skips; lazy, the rescale is such a block and the tiles that skip it issue less
-    than the eager loop. At q = 8 every variant stays within BUDGET_WARP_INSTS_PER_TOKEN; at
-    q = 16 the two warpgroups share V's widening, so a KV token costs clearly less than two
-    q = 8 warpgroups would; the fp16 widening (the 1024 bias) issues less than bf16's. The
-    ping-pong variant (two warpgroups on alternate tiles) compiles too, within the budget."""
+    than the eager loop. At q = 8 V's widening is the widener's loop, not the consumer's, and
+    every variant stays within BUDGET_WARP_INSTS_PER_TOKEN counting both loops; at q = 16 the
+    two warpgroups share V's widening, so a KV token costs clearly less than two q = 8
+    warpgroups (and their wideners) would; the fp16 widening (the 1024 bias) issues less than
+    bf16's. The ping-pong variant (two warpgroups on alternate tiles) and the consumer
+    widening V itself at q = 8 (--v-widen consumer) compile too, within the budget."""
     out = tmp_path / "candidate.json"
     script = worker.BENCH_DIR / "int8_ws_candidate.py"
     proc = subprocess.run([sys.executable, str(script), "--compile-only", "--json", str(out)],
@@ -534,18 +536,25 @@ def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -
             assert r["loop_insts_guarded"] == 0, r
             assert r["steady_warp_insts_per_token"] == r["warp_insts_per_token"], r
         if q == 8:
-            assert r["warp_insts_per_token"] <= budget, r
+            # The widener warpgroup's loop widens V; the consumer's converts only its scores
+            # and P (a consumer that widened V would hold the widener's converts and more).
+            assert r["widener_loop_insts_per_warp"] > 0, r
+            assert r["classes"]["convert"] < r["widener_classes"]["convert"], r
+            assert r["all_warp_insts_per_token"] <= budget, r
         else:
+            assert r["widener_loop_insts_per_warp"] == 0, r
             # Each warpgroup widens half of V: what widening all of it costs a token is saved
-            # against two q = 8 warpgroups (about 16 for bf16, 10 for fp16).
-            two_q8 = 2 * rows[(variant, 8)]["warp_insts_per_token"]
+            # against two q = 8 warpgroups with their wideners (about 16 for bf16, 10 for fp16).
+            two_q8 = 2 * rows[(variant, 8)]["all_warp_insts_per_token"]
             assert r["warp_insts_per_token"] <= two_q8 - {"bf16": 10, "fp16": 5}[r["v_tile"]], r
         if r["v_tile"] == "fp16":
             # 5 instructions for 4 codes against Triton's 8 for bf16: about 96 fewer a warp
             # a tile for each warpgroup's half or whole of V; at least 3 a token.
             bf16 = rows[(variant.removesuffix("-f16"), q)]
-            assert r["classes"]["convert"] < bf16["classes"]["convert"], r
-            assert r["steady_warp_insts_per_token"] <= bf16["steady_warp_insts_per_token"] - 3, r
+            widening = "widener_classes" if q == 8 else "classes"
+            assert r[widening]["convert"] < bf16[widening]["convert"], r
+            assert (r["all_steady_warp_insts_per_token"]
+                    <= bf16["all_steady_warp_insts_per_token"] - 3), r
     # Ping-pong (two warpgroups on alternate tiles of one warpgroup's rows, three stages):
     # two loops a warpgroup, each tile through one of them, one query copy for both.
     pp_out = tmp_path / "pingpong.json"
@@ -560,6 +569,18 @@ def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -
     assert pp["mma_per_warp"] == 2 * (9 * 2 + 12), pp
     assert pp["shared"] <= 227 << 10, pp
     assert pp["warp_insts_per_token"] <= budget, pp
+    assert pp["widener_loop_insts_per_warp"] == 0, pp
+    # The consumer widening V itself (sessions 15-19's layout) still compiles, within budget.
+    cw_out = tmp_path / "consumer-widens.json"
+    proc = subprocess.run([sys.executable, str(script), "--compile-only", "--v-widen", "consumer",
+                           "--queries", "8", "--int8-qk", "2", "--lazy", "0", "--v-tile", "fp16",
+                           "--json", str(cw_out)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (cw,) = json.loads(cw_out.read_text())
+    assert cw["variant"] == "qk2-f16-cw" and cw["widener_loop_insts_per_warp"] == 0, cw
+    assert cw["classes"]["convert"] > rows[("qk2-f16", 8)]["classes"]["convert"], cw
+    assert cw["warp_insts_per_token"] <= budget, cw
 
 
 @pytest.mark.patch
