@@ -275,6 +275,9 @@ OVERLAP = False
 # elsewhere the consumers widen. Its registers after setmaxnreg:
 WIDEN_WG = gl.constexpr(True)
 WIDENER_REGS = gl.constexpr(64)
+# --shift-hints off: the consumer does not tell the compiler that k_at and v_at are multiples
+# of 8 and 4 (its query loads and partial stores then compile to 2- and 4-byte accesses).
+VEC_SHIFTS = gl.constexpr(True)
 
 
 # A shared memory view as float32: Triton 3.9 renamed the view's _reinterpret to reinterpret,
@@ -632,6 +635,15 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     row2_layout: gl.constexpr = gl.SliceLayout(1, o2_layout)
 
+    # K's codes start 0 or 8 bytes past a 16-byte boundary and V's 4 or 12: said so, the
+    # query's loads (bf16, shifted by k_at) and the partials' stores (float32, shifted by
+    # v_at) are 16-byte vectors. Unsaid, the compiler made them 2- and 4-byte (ncu,
+    # session 20).
+    if VEC_SHIFTS:
+        # (gl.multiple_of on these scalars left the accesses as they were; a product by a
+        # constant carries its divisibility into the compiler's alignment analysis.)
+        k_at = (k_at // 8) * 8
+        v_at = (v_at // 4) * 4
     # Query rows quantized per row to int8 (two terms with INT8_QK = 2), as _quantize_q,
     # shifted k_at columns right as K's boxes are: zeros where the boxes hold other bytes.
     qi0 = tile_q0 if PP else tile_q0 + W * WG_Q
@@ -1179,8 +1191,10 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
                   "BOX_T": BOX_T, "NUM_SEGMENTS": segments, "STAGES": stages, "HEAD": 256,
                   "INT8_QK": int8_qk, "LAZY": lazy, "V16": V_TILES[v_tile], "PP": pingpong,
                   "OV": overlap}
+    # As the launch specialises them: the pointers, and the strides (multiples of 16 at these
+    # shapes: the JIT marks every integer argument divisible by 16).
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if name.endswith("_ptr")}
+             if name.endswith("_ptr") or name.startswith("stride_")}
     source = GluonASTSource(
         fn, signature,
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
@@ -1236,6 +1250,10 @@ def main() -> int:
                         help="who widens V into the 16-bit tile: a worker warpgroup of its own "
                         "into two tiles (one warpgroup of rows without --pingpong or "
                         "--overlap; the consumers elsewhere), or the consumer warpgroup")
+    parser.add_argument("--shift-hints", choices=("on", "off"), default="on",
+                        help="tell the compiler that K's and V's byte offsets are multiples of "
+                        "8 and 4 (the query's loads and the partials' stores become 16-byte "
+                        "vectors), or not")
     parser.add_argument("--widener-regs", type=int, default=None,
                         help="with --v-widen warpgroup: the widener's registers after "
                         "setmaxnreg (default 64)")
@@ -1260,7 +1278,7 @@ def main() -> int:
     args = parser.parse_args()
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
-    global V_LOAD_LAYOUT, EPI_ROWS, WIDEN_WG, WIDENER_REGS
+    global V_LOAD_LAYOUT, EPI_ROWS, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS
     V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
     EPI_ROWS = gl.constexpr(args.epilogue == "rows")
     TILE_N = args.tile_n
@@ -1280,6 +1298,7 @@ def main() -> int:
         CONSUMER_REGS = gl.constexpr(args.consumer_regs)
     OVERLAP = args.overlap
     WIDEN_WG = gl.constexpr(args.v_widen == "warpgroup")
+    VEC_SHIFTS = gl.constexpr(args.shift_hints == "on")
     if args.widener_regs is not None:
         WIDENER_REGS = gl.constexpr(args.widener_regs)
     if OVERLAP and (PINGPONG or args.queries != "8"):
@@ -1308,7 +1327,8 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
     return (f"qk{int8_qk}" + ("-lazy" if lazy else "") + ("-f16" if v_tile == "fp16" else "")
             + ("-pp" if PINGPONG else "") + ("L" if PP_LOADER_DEFAULT else "")
             + ("-ov" if OVERLAP else "") + ("" if WIDEN_WG else "-cw")
-            + ("" if KT_FROM_V else "-k7") + ("-bt" if BT_AHEAD else "")
+            + ("" if KT_FROM_V else "-k7") + ("" if VEC_SHIFTS else "-nh")
+            + ("-bt" if BT_AHEAD else "")
             + ("-vw" if V_LOAD_LAYOUT.value == V_LOADS["wide"] else "")
             + ("" if EPI_ROWS else "-ea")
             + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake", 4: "-nostore",
@@ -1464,6 +1484,7 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                                   and not OVERLAP
                                                   and warpgroups(q, 6)[0] == 1),
                                    "widener_regs": WIDENER_REGS.value,
+                                   "shift_hints": VEC_SHIFTS.value,
                                    "block_table_ahead": BT_AHEAD.value,
                                    "epilogue_rows": (EPI_ROWS.value and not PINGPONG
                                                      and not OVERLAP
