@@ -43,19 +43,20 @@ reach 60 % of the int8 floor at 64k; the H200 runs such kernels at about 1.4. He
 
 Checked and timed on an H200 (spec_decode_attn.md, "The candidate on an H200", "Read from
 the hardware counters" and "A widener warpgroup"): every KV head within stock's error (the
-fp16 V tile below it); at q = 8, two terms, fp16 V, about 1.6 / 1.9 / 2.0x the production
-int8 plan and 29 / 51 / 59 % of the int8 floor at 16k / 64k / 128k (targets 40 and 60 %);
-at q = 16 1.4-1.6x from 64k, 0.8x at 16k. What bounds it (sessions 18-20, --diagnose and
-ncu): the consumer warpgroup, which waits on its own wgmmas for about a third of its loop's
-samples; alone it takes nearly the whole time, the loader alone reaches 68 % of the floor
-at 64k and 80 % at 128k, and about 15 us of a call do not grow with the context. A second
-consumer warpgroup (--pingpong, either --pingpong-roles) adds no throughput, and no order
-of one consumer's steps measured so far beat the plain one (--overlap; session 20's
-pipelined P.V, early scale reads and a widener that holds its codes: commit 22a5271). The
-block table read ahead (--block-table ahead) changes the time by 2 % or less; 32-key tiles
-(--tile-n 32) are correct and slower, as the launch's registers allow one CTA an SM.
---v-load wide, --epilogue accumulator, --k-tail box and --v-widen consumer give back
-earlier sessions' V loads, stores, boxes and widening.
+fp16 V tile below it); at q = 8, two terms, fp16 V, about 1.7 / 2.0 / 2.1x the production
+int8 plan and 31 / 52 / 59 % of the int8 floor at 16k / 64k / 128k (targets 40 and 60 %);
+at q = 16 (two terms, lazy) 1.5-1.7x from 64k, 1.0x at 16k. What bounds it (sessions
+18-20, --diagnose and ncu): the consumer warpgroup, which waits on its own wgmmas for about
+a third of its loop's samples; alone it takes nearly the whole time, the loader alone
+reaches 68 % of the floor at 64k and 80 % at 128k, and about 14 us of a call do not grow
+with the context. A second consumer warpgroup (--pingpong, either --pingpong-roles) adds
+no throughput, and no order of one consumer's steps measured so far beat the plain one
+(--overlap; session 20's pipelined P.V, early scale reads and a widener that holds its
+codes: commit 22a5271). The block table read ahead (--block-table ahead) changes the time
+by 2 % or less; 32-key tiles (--tile-n 32) are correct and slower, as the launch's
+registers allow one CTA an SM. --v-load wide, --epilogue accumulator, --k-tail box,
+--v-widen consumer and --shift-hints off give back earlier sessions' V loads, stores,
+boxes, widening and 2- and 4-byte query loads and partial stores.
 
 Its online softmax, epilogue and compile signature repeat spec_decode_attention_hopper.py's
 and the compile report's on purpose: the candidate compiles without a patched tree. When it
