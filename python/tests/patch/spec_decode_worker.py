@@ -814,8 +814,10 @@ def compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size:
         "TILE_N": plan.tile_n, "BOX_T": box, "NUM_SEGMENTS": plan.num_segments,
         "STAGES": plan.num_stages, "NCH": head_size // 64,
     }
+    # The query's strides too: a launch's JIT marks them multiples of 16 (they are, at every
+    # head size the pass takes), and without the mark its query loads compile 2 bytes wide.
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if name.endswith("_ptr")}
+             if name.endswith("_ptr") or name.startswith("stride_q")}
     source = GluonASTSource(
         fn, signature,
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
