@@ -57,6 +57,10 @@ by 2 % or less; 32-key tiles (--tile-n 32) are correct and slower, as the launch
 registers allow one CTA an SM. --v-load wide, --epilogue accumulator, --k-tail box,
 --v-widen consumer and --shift-hints off give back earlier sessions' V loads, stores,
 boxes, widening and 2- and 4-byte query loads and partial stores.
+--epilogue smem (session 21; compiled, not run) frees the conversion's scratch for a third
+stage (--stages 3) or, with --tile-n 32 --segments 64 --maxnreg 128 --v-widen consumer,
+for a second CTA an SM (spec_decode_attn.md, "Prepared for the next call"). Q.K on the
+fp16 wgmma over a widened K was slower from 64k on an H200 (session 21, same doc).
 
 Its online softmax, epilogue and compile signature repeat spec_decode_attention_hopper.py's
 and the compile report's on purpose: the candidate compiles without a patched tree. When it
@@ -265,6 +269,10 @@ V_LOAD_LAYOUT = gl.constexpr(V_LOADS["narrow"])
 # --epilogue rows: the partials stored a row a warp (through shared memory), not as the
 # accumulator's layout has them; one warpgroup without ping-pong or --overlap only.
 EPI_ROWS = gl.constexpr(True)
+# --epilogue smem (session 21; compiled, not run): the same rows, converted through buffers
+# the loop no longer needs rather than the compiler's 32 KiB of scratch, so that a third
+# stage fits (with the widener) or a 32-key-tile CTA fits twice in an SM (without it).
+EPI_SMEM = gl.constexpr(False)
 # --overlap (host side only: the kernel takes it as OV).
 OVERLAP = False
 # --v-widen warpgroup (the default since session 20): V is widened by a worker partition of
@@ -791,9 +799,36 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         row_s = gl.convert_layout(part_row, gl.SliceLayout(1, st_layout))
         ok_s = gl.convert_layout(ok_o, gl.SliceLayout(1, st_layout))
         s_base = part_out_ptr + row_s[:, None] * (2 * CH8) + d_s[None, :]
-        gl.store(s_base, gl.convert_layout(acc0 * inv_l, st_layout),
-                 mask=ok_s[:, None] & (d_s >= 0)[None, :])
-        gl.store(s_base + CH8, gl.convert_layout(acc1 * inv_l, st_layout), mask=ok_s[:, None])
+        if EPI_SMEM and WIDEN_WG:
+            # --epilogue smem: the conversion through the widener's two 16-bit V tiles (64
+            # KiB, free once the last P.V has read them), not the compiler's 32 KiB of
+            # scratch; that room is a third stage's.
+            ep_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            ep = _f32_view(vbf, 2 * WG_ROWS, CH8, ep_layout)
+            ep.slice(0, WG_ROWS, 0).store(acc0 * inv_l)
+            ep.slice(WG_ROWS, WG_ROWS, 0).store(acc1 * inv_l)
+            _partition_barrier()
+            gl.store(s_base, ep.slice(0, WG_ROWS, 0).load(st_layout),
+                     mask=ok_s[:, None] & (d_s >= 0)[None, :])
+            gl.store(s_base + CH8, ep.slice(WG_ROWS, WG_ROWS, 0).load(st_layout),
+                     mask=ok_s[:, None])
+        elif EPI_SMEM:
+            # The same through the int8 stages (every tile read by now; 32 KiB or more), one
+            # accumulator after the other: with 32-key tiles a CTA then fits twice in an SM.
+            st_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            ep = _f32_view(bufs, STAGES * TILE_N, CH8, st_smem).slice(0, WG_ROWS, 0)
+            ep.store(acc0 * inv_l)
+            _partition_barrier()
+            gl.store(s_base, ep.load(st_layout), mask=ok_s[:, None] & (d_s >= 0)[None, :])
+            _partition_barrier()
+            ep.store(acc1 * inv_l)
+            _partition_barrier()
+            gl.store(s_base + CH8, ep.load(st_layout), mask=ok_s[:, None])
+        else:
+            gl.store(s_base, gl.convert_layout(acc0 * inv_l, st_layout),
+                     mask=ok_s[:, None] & (d_s >= 0)[None, :])
+            gl.store(s_base + CH8, gl.convert_layout(acc1 * inv_l, st_layout),
+                     mask=ok_s[:, None])
     else:
         o_base = part_out_ptr + part_row[:, None] * (2 * CH8) + d_o[None, :]
         gl.store(o_base, acc0 * inv_l, mask=ok_o[:, None] & (d_o >= 0)[None, :])
@@ -1192,10 +1227,11 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
                   "BOX_T": BOX_T, "NUM_SEGMENTS": segments, "STAGES": stages, "HEAD": 256,
                   "INT8_QK": int8_qk, "LAZY": lazy, "V16": V_TILES[v_tile], "PP": pingpong,
                   "OV": overlap}
-    # As the launch specialises them: the pointers, and the strides (multiples of 16 at these
-    # shapes: the JIT marks every integer argument divisible by 16).
+    # As the launch specialises them: the pointers, and the query's strides (multiples of 16
+    # at these shapes; the JIT marks an integer argument divisible by 16 when it is). The
+    # cache's head stride (520 bytes) is not, and the block table's varies with the batch.
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if name.endswith("_ptr") or name.startswith("stride_")}
+             if name.endswith("_ptr") or name.startswith("stride_q")}
     source = GluonASTSource(
         fn, signature,
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
@@ -1243,10 +1279,11 @@ def main() -> int:
                         "64)")
     parser.add_argument("--v-load", choices=sorted(V_LOADS), default="narrow",
                         help="how a thread holds V's codes as it widens them (see V_LOADS)")
-    parser.add_argument("--epilogue", choices=("accumulator", "rows"), default="rows",
+    parser.add_argument("--epilogue", choices=("accumulator", "rows", "smem"), default="rows",
                         help="store the partials from the accumulator's layout, or a row a "
                         "warp after a layout conversion (coalesced; one warpgroup without "
-                        "--pingpong or --overlap only, the accumulator's layout elsewhere)")
+                        "--pingpong or --overlap only, the accumulator's layout elsewhere); "
+                        "smem: rows, converted through the V tiles or the int8 stages")
     parser.add_argument("--v-widen", choices=("consumer", "warpgroup"), default="warpgroup",
                         help="who widens V into the 16-bit tile: a worker warpgroup of its own "
                         "into two tiles (one warpgroup of rows without --pingpong or "
@@ -1279,9 +1316,10 @@ def main() -> int:
     args = parser.parse_args()
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
-    global V_LOAD_LAYOUT, EPI_ROWS, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS
+    global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS
     V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
-    EPI_ROWS = gl.constexpr(args.epilogue == "rows")
+    EPI_ROWS = gl.constexpr(args.epilogue in ("rows", "smem"))
+    EPI_SMEM = gl.constexpr(args.epilogue == "smem")
     TILE_N = args.tile_n
     if OVERLAP and TILE_N != 64:
         parser.error("--overlap takes 64-key tiles")
@@ -1317,7 +1355,7 @@ def main() -> int:
         parser.error(f"--v-tile: unknown {sorted(unknown)}; known: {sorted(V_TILES)}")
     queries = [int(q) for q in args.queries.split(",") if q]
     if args.compile_only:
-        return _print_budget(variants, queries, args.stages, args.json)
+        return _print_budget(variants, queries, args.stages, args.json, args.segments or 32)
     if not args.tree:
         parser.error("--tree is needed for a device run")
     return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c], variants,
@@ -1331,14 +1369,25 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
             + ("" if KT_FROM_V else "-k7") + ("" if VEC_SHIFTS else "-nh")
             + ("-bt" if BT_AHEAD else "")
             + ("-vw" if V_LOAD_LAYOUT.value == V_LOADS["wide"] else "")
-            + ("" if EPI_ROWS else "-ea")
+            + ("" if EPI_ROWS else "-ea") + ("-es" if EPI_SMEM else "")
             + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake", 4: "-nostore",
                5: "-noqload"}[DIAG.value]
             + ("" if TILE_N == 64 else f"-t{TILE_N}"))
 
 
+# sm_90's per-SM limits: shared memory (228 KiB, 1 KiB of it reserved a CTA) and registers.
+SM90_SHARED = 228 << 10
+SM90_REGS = 65536
+
+
+def ctas_per_sm(shared: int, warps: int) -> int:
+    """CTAs of this kernel an SM holds at once: the launch gives every thread MAXNREG
+    registers (the partitions' setmaxnreg only shares them out)."""
+    return min(SM90_SHARED // (shared + 1024), SM90_REGS // (MAXNREG * 32 * warps))
+
+
 def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], stages: int,
-                  out: Path | None) -> int:
+                  out: Path | None, segments: int = 32) -> int:
     """The whole-tile loops of each variant and verify length, counted as split_pass_issue.py
     counts the others: every consumer warpgroup has two MMA loops, whole tiles then the
     masked tail, and a KV token costs the whole-tile loops of all of them. With the lazy
@@ -1364,8 +1413,8 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
             num_wg *= share
             for mode, lazy, v_tile in variants:
                 name = variant_name(mode, lazy, v_tile)
-                compiled = compile_sm90(mode, stages, q=q, lazy=lazy, v_tile=v_tile,
-                                        pingpong=PINGPONG, overlap=OVERLAP)
+                compiled = compile_sm90(mode, stages, q=q, segments=segments, lazy=lazy,
+                                        v_tile=v_tile, pingpong=PINGPONG, overlap=OVERLAP)
                 sass = sass_of(compiled.asm["cubin"], Path(tmp))
                 loops = mma_loops(sass)
                 if len(loops) != 2 * num_wg:
@@ -1399,7 +1448,10 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                 w_token = widener.instructions * 4 / TILE_N if widener else 0.0
                 rows.append({"variant": name, "q": q, "warpgroups": num_wg, "int8_qk": mode,
                              "lazy": lazy, "v_tile": v_tile, "stages": stages,
+                             "tile_n": TILE_N, "segments": segments,
                              "shared": compiled.metadata.shared,
+                             "ctas_per_sm": ctas_per_sm(compiled.metadata.shared,
+                                                        compiled.metadata.num_warps),
                              "loops_found": [loop.instructions for loop in loops],
                              "loop_insts_per_warp": insts,
                              "tail_loop_insts_per_warp": sum(b.instructions for b in tail),
@@ -1408,6 +1460,9 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                              "steady_warp_insts_per_token": (insts - guarded) * 4 / TILE_N
                              / share,
                              "mma_per_warp": sum(loop.mma for loop in steady),
+                             # Spill stores in the whole-tile loops (0: the stack holds no
+                             # loop value; reloads of prologue values may remain).
+                             "loop_stack_stores": sum(loop.opcodes["STL"] for loop in steady),
                              "classes": classes,
                              "widener_loop_insts_per_warp": (widener.instructions if widener
                                                              else 0),
@@ -1486,6 +1541,7 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                                   and warpgroups(q, 6)[0] == 1),
                                    "widener_regs": WIDENER_REGS.value,
                                    "shift_hints": VEC_SHIFTS.value,
+                                   "epilogue_smem": EPI_SMEM.value,
                                    "block_table_ahead": BT_AHEAD.value,
                                    "epilogue_rows": (EPI_ROWS.value and not PINGPONG
                                                      and not OVERLAP

@@ -584,6 +584,51 @@ def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -
 
 
 @pytest.mark.patch
+def test_int8_candidate_smem_epilogue_frees_a_stage_or_an_sm_share(tmp_path: Path) -> None:
+    """--epilogue smem (session 21, compiled, not run) converts the partials through buffers
+    the loop is done with instead of the compiler's 32 KiB of scratch. With the widener that
+    room holds a third stage within 227 KiB (two stages and the scratch are about the
+    same); without it, 32-key tiles and 128 registers a thread, a CTA fits twice in an SM,
+    which the compiler's scratch alone forbids, and its steady loop stores nothing to the
+    stack and stays within a warp instruction a token of the budget."""
+    script = worker.BENCH_DIR / "int8_ws_candidate.py"
+    budget = int(next(line.split("=")[1] for line in script.read_text().splitlines()
+                      if line.startswith("BUDGET_WARP_INSTS_PER_TOKEN")))
+    common = ["--queries", "8", "--int8-qk", "2", "--lazy", "0", "--v-tile", "fp16"]
+    rows = {}
+    for name, extra in (
+        ("three-stages", ["--epilogue", "smem", "--stages", "3"]),
+        ("two-stages", []),
+        ("two-ctas", ["--epilogue", "smem", "--tile-n", "32", "--segments", "64",
+                      "--maxnreg", "128", "--v-widen", "consumer"]),
+        ("two-ctas-scratch", ["--tile-n", "32", "--segments", "64", "--maxnreg", "128",
+                              "--v-widen", "consumer"]),
+    ):
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, str(script), "--compile-only", *common, *extra,
+                               "--json", str(out)],
+                              capture_output=True, text=True, timeout=900, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (rows[name],) = json.loads(out.read_text())
+    three, two = rows["three-stages"], rows["two-stages"]
+    assert three["variant"] == "qk2-f16-es" and three["stages"] == 3, three
+    assert three["shared"] <= 227 << 10, three
+    # A third stage's codes and scales (36 KiB) in about the scratch's room (32 KiB).
+    assert abs(three["shared"] - two["shared"]) <= 4 << 10, (three, two)
+    assert three["widener_loop_insts_per_warp"] > 0, three
+    ctas, scratch = rows["two-ctas"], rows["two-ctas-scratch"]
+    assert ctas["variant"] == "qk2-f16-cw-es-t32" and ctas["tile_n"] == 32, ctas
+    assert ctas["ctas_per_sm"] == 2 and scratch["ctas_per_sm"] == 1, (ctas, scratch)
+    assert scratch["shared"] - ctas["shared"] >= 31 << 10, (ctas, scratch)
+    assert ctas["classes"]["copy"] == 0, ctas
+    assert ctas["loop_stack_stores"] == 0, ctas
+    # Half the keys a tile carry the same softmax bookkeeping and waits: 32-key tiles sit at
+    # the budget's edge (73.1 a token under Triton 3.6, 74.1 under 3.9), the issue rate then
+    # the next limit; more than one over it would leave the two CTAs nothing to gain.
+    assert ctas["warp_insts_per_token"] <= budget + 1, ctas
+
+
+@pytest.mark.patch
 def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     patched_cpu_tree: Path, tmp_path: Path
 ) -> None:
