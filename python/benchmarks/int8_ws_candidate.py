@@ -1340,6 +1340,9 @@ def main() -> int:
     VEC_SHIFTS = gl.constexpr(args.shift_hints == "on")
     if args.widener_regs is not None:
         WIDENER_REGS = gl.constexpr(args.widener_regs)
+    if EPI_SMEM and not WIDEN_WG and args.stages & (args.stages - 1):
+        # The stages' float32 view must have a power-of-two shape (Triton 3.6 and 3.9).
+        parser.error("--epilogue smem with --v-widen consumer takes 2 or 4 stages")
     if OVERLAP and (PINGPONG or args.queries != "8"):
         parser.error("--overlap takes one warpgroup of rows: --queries 8, no --pingpong")
     MAXNREG = args.maxnreg or MAXNREG
