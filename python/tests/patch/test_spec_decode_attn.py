@@ -629,6 +629,20 @@ def test_int8_candidate_smem_epilogue_frees_a_stage_or_an_sm_share(tmp_path: Pat
 
 
 @pytest.mark.patch
+def test_int8_timeline_compiles_with_its_timer_reads(tmp_path: Path) -> None:
+    """benchmarks/int8_ws_timeline.py's instrumented candidate compiles for sm_90a with all
+    eight timer reads in its PTX, and they cost no shared memory."""
+    out = tmp_path / "timeline.json"
+    proc = subprocess.run([sys.executable, str(worker.BENCH_DIR / "int8_ws_timeline.py"),
+                           "--compile-only", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["timer_reads"] == 8, report
+    assert report["shared"] == report["plain_shared"], report
+
+
+@pytest.mark.patch
 def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     patched_cpu_tree: Path, tmp_path: Path
 ) -> None:

@@ -1,0 +1,210 @@
+"""Where the int8 candidate's fixed cost goes (issue 21; prepared in session 21, not run yet).
+
+About 14-18 µs of each candidate call do not grow with the context (spec_decode_attn.md, "A
+widener warpgroup"), and at 16k the 40 % target leaves 20 µs for the whole call. This tool
+times the phases of every program of one split launch with the GPU's global timer
+(`%globaltimer`, nanoseconds), so the next change goes where the time is.
+
+It does not edit int8_ws_candidate.py: it reads that file, inserts the timer reads into a
+copy, and imports the copy (the candidate and its GPU record stay as they are). A timer read
+is a store of one 8-byte value by each partition's threads; a program's eight slots are:
+
+    0 entry             the kernel's first statement
+    1 query_done        the consumer has the quantized query in shared memory
+    2 first_tile        the widener sees the first tile's codes (TMA done)
+    3 loop_done         the consumer's last tile is done
+    4 epilogue_done     the consumer's partials are stored
+    5 first_tma         the loader has issued the first tile's copies
+    6 loader_done       the loader's last copy is issued
+    7 widener_done      the widener's last tile is widened
+
+    python benchmarks/int8_ws_timeline.py --compile-only          # sm_90a, no GPU
+    python benchmarks/int8_ws_timeline.py --tree DIR [--json OUT]  # an H200
+
+On a device it launches the split pass eagerly (no graph) at q = 8, two terms, fp16 V, and
+prints per context the median over programs of each slot's time after the program's own
+entry, the spread of the entries, and the latest slot of any program; the median of 10
+launches after 2 warm-ups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CANDIDATE = HERE / "int8_ws_candidate.py"
+SLOTS = ("entry", "query_done", "first_tile", "loop_done", "epilogue_done", "first_tma",
+         "loader_done", "widener_done")
+
+_NOW = '''@gluon.jit
+def _now():
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64,
+                                     is_pure=False, pack=1)
+
+
+'''
+
+# (text in the candidate, its replacement, how many times it must occur). Each edit says
+# where a timer read goes; a candidate reshaped so that one no longer fits is an error here,
+# not a timeline of the wrong places.
+EDITS: tuple[tuple[str, str, int], ...] = (
+    ("@gluon.jit\ndef _loader8(desc,", _NOW + "@gluon.jit\ndef _loader8(tlb, desc,", 1),
+    ("(_loader8, (desc,", "(_loader8, (tlb, desc,", 5),
+    ("        if BT_AHEAD:\n            blk0 = blk1\n            blk1 = blk2\n",
+     "        if BT_AHEAD:\n            blk0 = blk1\n            blk1 = blk2\n"
+     "        if i == 0:\n            gl.store(tlb + 5, _now())\n"
+     "    gl.store(tlb + 6, _now())\n", 1),
+    ("def _widener8(bufs,", "def _widener8(tlb, bufs,", 1),
+    ("(_widener8, (bufs,", "(_widener8, (tlb, bufs,", 1),
+    ("        mbarrier.wait(ready.index(s), (i // STAGES) & 1)\n"
+     "        if DIAG == 1 or DIAG == 3:\n",
+     "        mbarrier.wait(ready.index(s), (i // STAGES) & 1)\n"
+     "        if i == 0:\n            gl.store(tlb + 2, _now())\n"
+     "        if DIAG == 1 or DIAG == 3:\n", 1),
+    ("            mbarrier.arrive(vbars.index(b), count=1)\n"
+     "            mbarrier.arrive(empty.index(s), count=1)\n",
+     "            mbarrier.arrive(vbars.index(b), count=1)\n"
+     "            mbarrier.arrive(empty.index(s), count=1)\n"
+     "    gl.store(tlb + 7, _now())\n", 1),
+    ("def _consume8(q_ptr,", "def _consume8(tlb, q_ptr,", 1),
+    ("(_consume8, (q_ptr,", "(_consume8, (tlb, q_ptr,", 4),
+    ("    else:\n        mbarrier.wait(widened.index(0), 0)\n",
+     "    else:\n        mbarrier.wait(widened.index(0), 0)\n    gl.store(tlb + 1, _now())\n", 1),
+    ("\n    r_o = gl.arange(0, WG_ROWS, layout=row_layout)\n",
+     "\n    gl.store(tlb + 3, _now())\n    r_o = gl.arange(0, WG_ROWS, layout=row_layout)\n", 1),
+    ("(d_t < 2 * CH8)[None, :])\n\n\n@gluon.jit",
+     "(d_t < 2 * CH8)[None, :])\n    gl.store(tlb + 4, _now())\n\n\n@gluon.jit", 1),
+    ("rows_per_block, stride_kv_head,\n", "rows_per_block, stride_kv_head, tl_ptr,\n", 1),
+    ("    seq = pid\n    tile_q0 = 0\n",
+     "    seq = pid\n    tile_q0 = 0\n"
+     "    tlb = tl_ptr + ((seq * gl.num_programs(1) + kv_head) * gl.num_programs(2) + seg) * 8\n"
+     "    gl.store(tlb, _now())\n", 1),
+    ("batch.block_table.stride(0), rows_per_block, s_head,\n",
+     "batch.block_table.stride(0), rows_per_block, s_head, TIMELINE[0],\n", 1),
+    ("\ndef launch(batch", "\nTIMELINE: list[Any] = [None]\n\n\ndef launch(batch", 1),
+)
+
+
+def instrumented_source(text: str) -> str:
+    """The candidate's source with the timer reads in (see EDITS)."""
+    for old, new, count in EDITS:
+        found = text.count(old)
+        if found != count:
+            raise ValueError(f"the candidate has {found} of {old.strip()[:60]!r}, the timeline "
+                             f"expects {count}: update EDITS to the candidate's new shape")
+        text = text.replace(old, new)
+    return text
+
+
+def load(workdir: Path) -> ModuleType:
+    """The instrumented candidate as a module (its file in workdir: Gluon reads a kernel's
+    source from its file)."""
+    path = workdir / "int8_ws_candidate_timeline.py"
+    path.write_text(instrumented_source(CANDIDATE.read_text()))
+    sys.path.insert(0, str(HERE))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_report(workdir: Path) -> dict[str, Any]:
+    """The instrumented kernel compiled for sm_90a (q = 8, two terms, fp16 V): its timer
+    reads in the PTX and its shared memory, beside the plain candidate's."""
+    module = load(workdir)
+    sys.path.insert(0, str(HERE))
+    plain = importlib.import_module("int8_ws_candidate")
+    timed = module.compile_sm90(2, 2, q=8, v_tile="fp16")
+    base = plain.compile_sm90(2, 2, q=8, v_tile="fp16")
+    return {"timer_reads": timed.asm["ptx"].count("%globaltimer"),
+            "shared": timed.metadata.shared, "plain_shared": base.metadata.shared}
+
+
+def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool,
+                out: Path | None, workdir: Path) -> int:
+    sys.path.insert(0, tree)
+    sys.path.insert(1, str(HERE.parent))
+    import spec_decode_attn as bench
+    import torch
+    from triton.experimental.gluon import language as gl
+
+    from tests.support import spec_decode_ref as ref
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print("needs an sm_90 GPU (H100/H200)", file=sys.stderr)
+        return 2
+    cand = load(workdir)
+    vars(cand)["EPI_SMEM"] = gl.constexpr(epilogue_smem)  # read when the kernel compiles
+    sda = importlib.import_module("vllm.v1.attention.ops.spec_decode_attention")
+    bench.KV = "int8"
+    env = {"torch": torch, "ref": ref, "sda": sda}
+    heads = bench.NUM_KV_HEADS * bench.GROUP
+    ws = sda.get_workspace(64, heads, bench.HEAD_SIZE, torch.device("cuda"))
+    plan = sda.plan_launch(1, 8, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
+                           kernel="hopper")
+    programs = bench.NUM_KV_HEADS * plan.num_segments
+    cand.TIMELINE[0] = torch.zeros(programs * len(SLOTS), dtype=torch.int64, device="cuda")
+    qk_scale = bench.HEAD_SIZE**-0.5 * 1.4426950408889634
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "stages": stages,
+                              "epilogue_smem": epilogue_smem, "contexts": {}}
+    for ctx in contexts:
+        batch = bench.Cell(env, 1, ctx).batches(8)[0]
+        launches = []
+        for _ in range(12):
+            cand.TIMELINE[0].zero_()
+            cand.launch(batch, ws, plan, qk_scale, 2, stages, False, "fp16")
+            torch.cuda.synchronize()
+            t = cand.TIMELINE[0].view(programs, len(SLOTS)).double().cpu() / 1e3  # µs
+            entry = t[:, 0]
+            row = {"entry_spread_us": float(entry.max() - entry.min()),
+                   "end_us": float(t.max() - entry.min())}
+            for k, name in enumerate(SLOTS[1:], 1):
+                row[f"{name}_us"] = float((t[:, k] - entry).median())
+            launches.append(row)
+        kept = launches[2:]
+        med = {k: sorted(r[k] for r in kept)[len(kept) // 2] for k in kept[0]}
+        result["contexts"][str(ctx)] = med
+        print(ctx, json.dumps({k: round(v, 2) for k, v in med.items()}), flush=True)
+    if out:
+        out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tree", help="directory that contains patched vllm/ (device runs)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the instrumented kernel for sm_90a and count its reads")
+    parser.add_argument("--contexts", default="2048,16384,65536")
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--epilogue", choices=("rows", "smem"), default="rows",
+                        help="the candidate's --epilogue (smem frees room for --stages 3)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.compile_only:
+            report = compile_report(Path(tmp))
+            print(json.dumps(report))
+            if args.json:
+                args.json.write_text(json.dumps(report, indent=1))
+            return 0
+        if not args.tree:
+            parser.error("--tree is needed for a device run")
+        return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c],
+                           args.stages, args.epilogue == "smem", args.json, Path(tmp))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    sys.exit(main())

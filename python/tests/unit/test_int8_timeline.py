@@ -1,0 +1,51 @@
+"""benchmarks/int8_ws_timeline.py (issue 21): the copy of the int8 candidate it times carries
+a timer read in every slot it names, parses as Python, and leaves the candidate's file alone;
+a candidate reshaped so that an edit no longer fits is refused by name, not timed at the
+wrong places. Compiling the copy for sm_90a is the patch tier's."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "int8_ws_timeline.py"
+
+
+@pytest.fixture(scope="module")
+def timeline() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("int8_ws_timeline_unit", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_slot_gets_one_timer_read(timeline: ModuleType) -> None:
+    before = timeline.CANDIDATE.read_text()
+    text = timeline.instrumented_source(before)
+    ast.parse(text)
+    assert timeline.CANDIDATE.read_text() == before
+    slots = sorted(int(m or 0) for m in re.findall(r"gl\.store\(tlb(?: \+ (\d))?, _now\(\)\)",
+                                                    text))
+    assert slots == list(range(len(timeline.SLOTS))) == list(range(8))
+    # Each partition that stores a slot is handed the program's slot base.
+    for fn in ("_loader8", "_widener8", "_consume8"):
+        assert f"def {fn}(tlb, " in text
+        assert f"({fn}, (tlb, " in text
+
+
+def test_a_reshaped_candidate_is_refused_by_name(timeline: ModuleType) -> None:
+    text = timeline.CANDIDATE.read_text()
+    reshaped = text.replace("    seq = pid\n    tile_q0 = 0\n", "    seq = pid + 0\n")
+    assert reshaped != text
+    with pytest.raises(ValueError, match="seq = pid"):
+        timeline.instrumented_source(reshaped)
