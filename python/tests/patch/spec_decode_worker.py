@@ -31,6 +31,7 @@ PYTHON_DIR = Path(__file__).resolve().parents[2]
 # Created by the patch, so imported by name (type checkers see the unpatched vLLM).
 SDA_MODULE = "vllm.v1.attention.ops.spec_decode_attention"
 HOPPER_MODULE = "vllm.v1.attention.ops.spec_decode_attention_hopper"
+HOPPER_INT8_MODULE = "vllm.v1.attention.ops.spec_decode_attention_hopper_int8"
 
 # (name, query lens, KV lens, segments or None for the planner's choice, block size).
 # Interpreter shapes: 2 kv heads x G=6, head_size 64; one case at the model's 24/4/256.
@@ -110,6 +111,8 @@ def make_fp8_kind(ref: Any, kind: str, qlens: list[int], kvlens: list[int], kv_h
 CUDA_INT8_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     ("int8_q8_ctx64k", [8], [65536], None, 16),
     ("int8_ragged_nan_tail", [16, 2, 8], [9001, 35, 70001], None, 16),
+    # 64-token blocks (four of the int8 Hopper pass's 16-token boxes a block), q = 4.
+    ("int8_q4_blk64", [4, 3], [20000, 777], None, 64),
 ]
 
 
@@ -165,12 +168,13 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
             head_size=head_size, device=torch.device(device),
             num_sms=8 if device == "cpu" else 132, hopper=hopper,
         )
-        # No Hopper split pass reads int8 caches: the Triton one, wherever it runs.
-        key = f"{name}/int8"
-        results["kernel"][key] = run_case(
-            sda, ref, batch, ws, None, segments, False, qlens, kvlens, "int8"
-        )
-        print(f"{key}: {results['kernel'][key]}", flush=True)
+        # On sm_90 the int8 Hopper split pass by default, and the Triton one again.
+        for kernel in kernels:
+            key = f"{name}/int8" + (f"/{kernel}" if kernel else "")
+            results["kernel"][key] = run_case(
+                sda, ref, batch, ws, kernel, segments, False, qlens, kvlens, "int8"
+            )
+            print(f"{key}: {results['kernel'][key]}", flush=True)
     fp8_cases = CPU_FP8_CASES if device == "cpu" else CUDA_FP8_CASES
     for seed, (name, qlens, kvlens, segments, block_size) in enumerate(fp8_cases, 700):
         for kind in FP8_KINDS:
@@ -225,8 +229,10 @@ def run_case(
     heads, hs = batch.query.shape[1], batch.query.shape[2]
     kvh = batch.num_kv_heads
     overrides: dict[str, Any] = {} if kernel is None else {"kernel": kernel}
+    if kernel == "triton" and batch.key_cache.dtype == torch.int8:
+        overrides.update(sda.TILE_PLANS["int8"].plan_overrides())  # its production tiles
     if segments is not None and batch.key_cache.element_size() == 1:
-        overrides["kernel"] = "triton"  # the only split pass for 8-bit caches
+        overrides["kernel"] = "triton"  # forced segments: the Triton pass's own walk
     if segments is not None:
         # Short segments so that the small contexts span several of them.
         overrides.update(num_segments=segments, min_segment_tokens=1,
@@ -406,8 +412,9 @@ def check_hopper_compile_failure(
 
     stand_in = SimpleNamespace(tma_compatible=lambda *args: True, ws_split=ws_split)
     ws = impl.spec_decode_attn.workspace
-    saved = (list(sda._HOPPER), ws.hopper)
-    sda._HOPPER[:] = [stand_in]
+    name = "spec_decode_attention_hopper"
+    saved = (dict(sda._GLUON_MODULES), ws.hopper)
+    sda._GLUON_MODULES[name] = stand_in
     ws.hopper = True
     try:
         sd = impl.spec_decode_attn
@@ -417,8 +424,93 @@ def check_hopper_compile_failure(
                 "kernel_after": impl.spec_decode_attn.last_plan.kernel,
                 "workspace_hopper_after": ws.hopper}
     finally:
-        sda._HOPPER[:] = saved[0]
+        sda._GLUON_MODULES.clear()
+        sda._GLUON_MODULES.update(saved[0])
         ws.hopper = saved[1]
+
+
+def check_int8_hopper_choice(device: str) -> dict[str, Any]:
+    """Off an sm_90 GPU, on a workspace told to run Hopper passes: int8_per_token_head
+    caches at the model's shape are planned for the int8 Hopper split pass and handed to it
+    (a stand-in that records what it is given), one it cannot address (8-token blocks)
+    takes the Triton split pass with a warning that says why and the reference's output,
+    and the other caches keep their plans (fp8: the Triton pass; int8 where the workspace
+    runs no Hopper pass: the Triton pass with the int8 tile plan)."""
+    import logging
+
+    import torch
+
+    from tests.support import spec_decode_ref as ref
+    sda = importlib.import_module(SDA_MODULE)
+
+    kvh, g, hs = 4, 6, 256
+    scale = hs**-0.5
+
+    def workspace(hopper: bool) -> Any:
+        return sda.SpecDecodeWorkspace(max_tokens=16, num_heads=kvh * g, head_size=hs,
+                                       device=torch.device(device), num_sms=132,
+                                       hopper=hopper)
+
+    calls: list[dict[str, Any]] = []
+
+    def ws_split_int8(q: Any, key_cache: Any, *args: Any) -> None:
+        num_wg, wg_q, num_segments, min_segment_tokens = args[-4:]
+        calls.append({"num_wg": num_wg, "wg_q": wg_q, "num_segments": num_segments,
+                      "min_segment_tokens": min_segment_tokens,
+                      "key_cache_is_the_batchs": key_cache.data_ptr()})
+
+    seen: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                seen.append(record.getMessage())
+
+    def run(batch: Any, ws: Any) -> tuple[Any, Any]:
+        out = torch.full(batch.query.shape, float("nan"), dtype=torch.bfloat16, device=device)
+        used = sda.spec_decode_attention(
+            batch.query, batch.key_cache, batch.value_cache, out, batch.cu_seqlens_q,
+            batch.seq_lens, batch.block_table, batch.max_query_len, scale, ws, None,
+            batch.k_scale_cache, batch.v_scale_cache)
+        return used, out
+
+    name = "spec_decode_attention_hopper_int8"
+    saved = dict(sda._GLUON_MODULES)
+    sda._GLUON_MODULES[name] = SimpleNamespace(ws_split_int8=ws_split_int8)
+    handler = Capture()
+    logging.getLogger("vllm").addHandler(handler)
+    result: dict[str, Any] = {}
+    try:
+        ws = workspace(True)
+        for q in (8, 16):
+            batch = ref.make_int8_batch([q], [300], kvh, g, hs, 16, torch.bfloat16, device,
+                                        800 + q)
+            before = len(calls)
+            used, _ = run(batch, ws)
+            result[f"q{q}"] = {"kernel": used.kernel, "num_wg": used.num_wg,
+                               "reduce_grid": used.reduce_grid,
+                               "launched": calls[before:],
+                               "batch_key_cache": batch.key_cache.data_ptr()}
+        batch = ref.make_int8_batch([8], [300], kvh, g, hs, 8, torch.bfloat16, device, 808)
+        ref.poison_tail(batch)
+        before = len(calls)
+        used, out = run(batch, ws)
+        result["blocks_of_8"] = {
+            **ref.compare(out, ref.reference(batch, scale), batch), "kernel": used.kernel,
+            "tile_n": used.tile_n, "num_stages": used.num_stages,
+            "launched": calls[before:], "warnings": [m for m in seen if "Hopper" in m]}
+        fp8 = make_fp8_kind(ref, "fp8pth", [8], [300], kvh, g, hs, 16, device, 809)
+        result["fp8pth_plan"] = sda.plan_for_cache(
+            1, 8, kvh * g, kvh, hs, ws, fp8.key_cache, True, sda.TILE_PLANS["fp8"]).kernel
+        plain = sda.plan_for_cache(1, 8, kvh * g, kvh, hs, workspace(False),
+                                   batch.key_cache, True, sda.TILE_PLANS["int8"])
+        result["int8_without_hopper_plan"] = [plain.kernel, plain.tile_n, plain.num_stages]
+    finally:
+        logging.getLogger("vllm").removeHandler(handler)
+        sda._GLUON_MODULES.clear()
+        sda._GLUON_MODULES.update(saved)
+    print(json.dumps(result, default=str), flush=True)
+    return result
 
 
 # Caches the split passes do not read: TRITON_ATTN takes them, the split path declines.
@@ -570,6 +662,9 @@ def run_dispatch_checks(device: str, results: dict[str, Any]) -> None:
         # The Hopper split pass is the split pass on an sm_90 GPU: recorded as such.
         hopper: Any = importlib.import_module(HOPPER_MODULE)
         hopper._ws_split_kernel = GridRecorder(hopper._ws_split_kernel, launches, "split")
+        hopper8: Any = importlib.import_module(HOPPER_INT8_MODULE)
+        hopper8._ws_split_int8_kernel = GridRecorder(hopper8._ws_split_int8_kernel, launches,
+                                                     "split")
     tua.kernel_unified_attention = GridRecorder(tua.kernel_unified_attention, launches, "stock")
     tua.reduce_segments = GridRecorder(tua.reduce_segments, launches, "stock_reduce")
 
@@ -778,6 +873,30 @@ def _ptxas_report(ptx: str, arch: str, workdir: Path) -> tuple[int | None, int |
     return None, None
 
 
+def gluon_split_signature(fn: Any, descs: dict[str, str]) -> dict[str, str]:
+    """The argument types a launch of a Gluon split pass gives ``fn``: its TMA descriptors'
+    (``descs``), bf16 queries, float32 partials, int32 metadata, 64-bit query and block-table
+    strides, 32-bit counts; constexpr for the rest."""
+    signature: dict[str, str] = {}
+    for name in fn.arg_names:
+        if name in descs:
+            signature[name] = descs[name]
+        elif name.startswith("part_"):
+            signature[name] = "*fp32"
+        elif name == "q_ptr":
+            signature[name] = "*bf16"
+        elif name.endswith("_ptr"):
+            signature[name] = "*i32"
+        elif name == "qk_scale":
+            signature[name] = "fp32"
+        elif name.startswith("stride_q") or name == "stride_bt":
+            signature[name] = "i64"
+        elif name in ("min_seg_tokens", "max_q", "rows_per_block", "stride_kv_head"):
+            signature[name] = "i32"
+        else:
+            signature[name] = "constexpr"
+    return signature
+
 def compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size: int,
                     block_size: int) -> Any:
     """The Gluon split pass of a Hopper plan, compiled for sm_90a with the arguments a
@@ -790,24 +909,9 @@ def compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size:
     fn = hopper._ws_split_kernel
     box = hopper.box_tokens(block_size, plan.tile_n)
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    signature: dict[str, str] = {}
-    for name in fn.arg_names:
-        if name.startswith("part_"):
-            signature[name] = "*fp32"
-        elif name == "q_ptr":
-            signature[name] = "*bf16"
-        elif name.endswith("_desc"):
-            signature[name] = f"tensordesc<bf16[{box}, 64],{layout!r}>"
-        elif name.endswith("_ptr"):
-            signature[name] = "*i32"
-        elif name == "qk_scale":
-            signature[name] = "fp32"
-        elif name.startswith("stride_q") or name == "stride_bt":
-            signature[name] = "i64"
-        elif name in ("min_seg_tokens", "max_q", "rows_per_block", "stride_kv_head"):
-            signature[name] = "i32"
-        else:
-            signature[name] = "constexpr"
+    signature = gluon_split_signature(fn, {
+        name: f"tensordesc<bf16[{box}, 64],{layout!r}>"
+        for name in fn.arg_names if name.endswith("_desc")})
     constexprs = {
         "NUM_HEADS": heads, "G": heads // kv_heads, "BLOCK_SIZE": block_size,
         "WG_Q": plan.wg_q, "NUM_WG": plan.num_wg, "Q_TILES": plan.q_tiles,
@@ -935,6 +1039,98 @@ def _prod_suffix(int8_qk: int | None, rows: str | None) -> str:
     return "" if int8_qk is None else f"prod-qk{int8_qk}"
 
 
+def compile_hopper_int8(mod: Any, plan: Any, heads: int, kv_heads: int, block_size: int,
+                        lazy: bool) -> Any:
+    """The int8 Hopper split pass of a Hopper plan, compiled for sm_90a with the arguments
+    ws_split_int8 passes (TMA descriptors of 16-token boxes over the int8 cache buffer)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = mod._ws_split_int8_kernel
+    boxes = {"desc": (mod.CH8.value, 128), "kt_desc": (mod.KT.value, 32),
+             "sc_desc": (mod.SCB.value, 0)}
+    descs = {}
+    for name, (cols, swizzle) in boxes.items():
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=8, rank=2)
+        descs[name] = f"tensordesc<i8[{mod.BOX_T}, {cols}],{layout!r}>"
+    signature = gluon_split_signature(fn, descs)
+    constexprs = {
+        "NUM_HEADS": heads, "G": heads // kv_heads, "BLOCK_SIZE": block_size,
+        "WG_Q": plan.wg_q, "NUM_WG": plan.num_wg, "TILE_N": mod.TILE_N, "BOX_T": mod.BOX_T,
+        "NUM_SEGMENTS": plan.num_segments, "STAGES": mod.STAGES, "HEAD": 256, "LAZY": lazy,
+    }
+    # As a launch specialises them: the pointers and the query's strides divisible by 16
+    # (the cache's head stride, 520 bytes, is not; the block table's varies).
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name.endswith("_ptr") or name.startswith("stride_q")}
+    source = GluonASTSource(
+        fn, signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
+    )
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": mod.MAXNREG})
+
+
+def sass_instructions(cubin: bytes, workdir: Path) -> str:
+    """A cubin's SASS, instructions only (no addresses, encodings or headers): what two
+    builds of one kernel share when they do the same work."""
+    sys.path.insert(0, str(BENCH_DIR))
+    from split_pass_issue import sass_of
+
+    return "\n".join(line.split("*/", 1)[1].split(";")[0]
+                     for line in sass_of(cubin, workdir).splitlines()
+                     if line.strip().startswith("/*") and "*/" in line
+                     and line.split("*/", 1)[1].strip())
+
+
+def compile_hopper_int8_report(sda: Any, ws: Any, heads: int, kv_heads: int, head_size: int,
+                               block_size: int, workdir: Path) -> dict[str, Any]:
+    """The int8 Hopper split pass as plan_for_cache plans it for an int8 cache on an H200,
+    at each COMPILE_QUERY_LENS: its resources, and whether its SASS is the H200-measured
+    candidate's (benchmarks/int8_ws_candidate.py, two Q.K terms and fp16 V; eager with one
+    consumer warpgroup, lazy with two)."""
+    import hashlib
+    import re
+
+    import torch
+
+    mod = importlib.import_module(HOPPER_INT8_MODULE)
+    sys.path.insert(0, str(BENCH_DIR))
+    import int8_ws_candidate as cand
+
+    cache = torch.empty(1, block_size, kv_heads, head_size + 4, dtype=torch.int8)
+    rows: dict[str, Any] = {}
+    for q in COMPILE_QUERY_LENS:
+        plan = sda.plan_for_cache(1, q, heads, kv_heads, head_size, ws, cache, True,
+                                  sda.TILE_PLANS["int8"])
+        lazy = plan.num_wg == 2
+        compiled = compile_hopper_int8(mod, plan, heads, kv_heads, block_size, lazy)
+        ptx = compiled.asm["ptx"]
+        regs, spill = _ptxas_report(ptx, "sm_90a", workdir)
+        sass = sass_instructions(compiled.asm["cubin"], workdir)
+        want = cand.compile_sm90(2, stages=mod.STAGES, q=q, segments=plan.num_segments,
+                                 lazy=lazy, v_tile="fp16")
+        rows[f"h200/q{q}/int8"] = {
+            "kernel": plan.kernel, "num_wg": plan.num_wg, "wg_q": plan.wg_q,
+            "num_segments": plan.num_segments, "tile_n": plan.tile_n, "lazy": lazy,
+            "shared": compiled.metadata.shared, "regs": regs, "spill_bytes": spill,
+            "s8_wgmma": len(re.findall(r"wgmma\.mma_async\S*\.s32\.s8\.s8", ptx)),
+            "f16_wgmma": len(re.findall(r"wgmma\.mma_async\S*\.f32\.f16\.f16", ptx)),
+            "tma_loads": ptx.count("cp.async.bulk.tensor"),
+            "setmaxnreg": sorted({int(n) for n in re.findall(
+                r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+            "sass_sha256": hashlib.sha256(sass.encode()).hexdigest(),
+            "sass_lines": len(sass.splitlines()),
+            "candidate_sass_sha256": hashlib.sha256(
+                sass_instructions(want.asm["cubin"], workdir).encode()).hexdigest(),
+            "candidate_shared": want.metadata.shared,
+        }
+        print(f"h200/q{q}/int8: {rows[f'h200/q{q}/int8']}", flush=True)
+    return rows
+
+
 def compile_report(results: dict[str, Any], workdir: Path) -> None:
     """The split kernel as the planner launches it, compiled ahead of time for an H200
     (sm_90a: the warp-specialised Gluon kernel and the Triton one) and an RTX 3090 (sm_86)
@@ -964,13 +1160,18 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
         variants: list[tuple[int, str, int | None, str | None]] = [
             (q, "bf16", None, None) for q in COMPILE_QUERY_LENS]
         if not hopper:
-            # No Hopper split pass reads 8-bit caches: the Triton one there too.
+            # The Triton split pass's 8-bit variants (fp8 caches have no Hopper pass; int8
+            # ones fall back to it where the int8 Hopper pass cannot address the cache).
             variants += [(q, kv, None, None) for kv in COMPILE_8BIT_KV
                          for q in COMPILE_QUERY_LENS]
             variants += [(q, "int8", n, None) for n in COMPILE_INT8_QK
                          for q in COMPILE_INT8_QK_QUERY_LENS]
             variants += [(q, "int8", 0, r) for r in COMPILE_INT8_ROW_READS
                          for q in COMPILE_INT8_QK_QUERY_LENS]
+        if hopper:
+            # int8_per_token_head caches take the int8 Hopper split pass there.
+            report.update(compile_hopper_int8_report(sda, ws, heads, kv_heads, head_size,
+                                                     block_size, workdir))
         for q, kv, int8_qk, rows in variants:
             overrides = {} if int8_qk is None else sda.TILE_PLANS["int8"].plan_overrides()
             plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws,
@@ -1073,6 +1274,8 @@ def main() -> int:
         compile_report(results, Path(args.out).resolve().parent)
     elif HAS_TRITON:
         run_kernel_cases(args.device, results)
+        if args.device == "cpu":
+            results["int8_hopper_choice"] = check_int8_hopper_choice(args.device)
         if not args.skip_dispatch:
             try:
                 run_dispatch_checks(args.device, results)

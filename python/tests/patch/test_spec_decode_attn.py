@@ -207,6 +207,34 @@ def test_quantized_cache_dispatch_through_triton_backend(
 
 
 @pytest.mark.patch
+def test_int8_caches_take_the_int8_hopper_pass_where_it_can_address_them(
+    interp: dict[str, Any]
+) -> None:
+    """With Hopper split passes (a workspace told so; the pass itself is a stand-in off an
+    sm_90 GPU) an int8_per_token_head cache at the model's shape goes to the int8 Hopper
+    pass on the Hopper planner's plan (one warpgroup at q = 8, two at q = 16; 32 segments),
+    with the batch's own cache, and the shared reduce pass runs after it. A cache it cannot
+    address (8-token blocks against its 16-token boxes) is a warning that names the reason,
+    then the Triton split pass with the int8 tile plan, whose output matches the reference.
+    fp8 caches keep the Triton pass; so do int8 ones where no Hopper pass runs."""
+    choice = interp["int8_hopper_choice"]
+    for q, num_wg in ((8, 1), (16, 2)):
+        row = choice[f"q{q}"]
+        assert row["kernel"] == "hopper" and row["num_wg"] == num_wg, row
+        assert row["reduce_grid"] == [q, 24], row
+        (launch,) = row["launched"]
+        assert launch["num_wg"] == num_wg and launch["num_segments"] == 32, row
+        assert launch["key_cache_is_the_batchs"] == row["batch_key_cache"], row
+    blk8 = choice["blocks_of_8"]
+    assert blk8["kernel"] == "triton" and blk8["launched"] == [], blk8
+    assert (blk8["tile_n"], blk8["num_stages"]) == (32, 3), blk8
+    assert any("cache blocks of 8 tokens" in w for w in blk8["warnings"]), blk8
+    assert blk8["unwritten_rows"] == 0 and blk8["rel_err"] < INT8_REL_ERR, blk8
+    assert choice["fp8pth_plan"] == "triton", choice
+    assert choice["int8_without_hopper_plan"] == ["triton", 32, 3], choice
+
+
+@pytest.mark.patch
 def test_flash_backend_dispatch(interp: dict[str, Any]) -> None:
     d = interp["dispatch"]
     assert d["flash/created"]
@@ -291,8 +319,10 @@ def test_split_kernel_compiled_for_h200_and_rtx3090(compiled: dict[str, Any]) ->
     }
     rows = {key: row for key, row in compiled.items() if "/" in key}
     cards = ("h200", "h200-triton", "rtx3090")
-    # 8-bit caches compile for the Triton split pass only (no Hopper variant).
+    # 8-bit caches compile for the Triton split pass, and int8 ones for the H200's int8
+    # Hopper pass too (test_int8_hopper_pass_is_the_measured_candidate holds those).
     assert set(rows) == {f"{card}/q{q}" for card in cards for q in (4, 8, 16)} | {
+        f"h200/q{q}/int8" for q in (4, 8, 16)} | {
         f"{card}/q{q}/{kv}" for card in cards[1:] for q in (4, 8, 16)
         for kv in worker.COMPILE_8BIT_KV} | {
         f"{card}/q{q}/int8prod-qk{n}" for card in cards[1:]
@@ -303,6 +333,8 @@ def test_split_kernel_compiled_for_h200_and_rtx3090(compiled: dict[str, Any]) ->
         if "error" in row:  # test_fp8_split_pass_compiled_for_h200 holds these
             continue
         assert row["regs"] is not None, f"ptxas gave no report for {key}"
+        if row["kernel"] == "hopper" and key.endswith("/int8"):
+            continue  # the planner's estimate is the bf16 pass's; held below
         assert row["shared"] <= row["smem_estimate"] <= row["smem_limit"], (key, row)
     for q in (4, 8, 16):
         hopper = rows[f"h200/q{q}"]
@@ -317,6 +349,32 @@ def test_split_kernel_compiled_for_h200_and_rtx3090(compiled: dict[str, Any]) ->
     assert h200["spill_bytes"] == 0 and h200["wgmma"] > 0, h200
     assert rows["h200-triton/q8"]["wgmma"] > 0 and rows["rtx3090/q16"]["mma_sync"] > 0
     assert all(rows[f"rtx3090/q{q}"]["kernel"] == "triton" for q in (4, 8, 16))
+
+
+@pytest.mark.patch
+def test_int8_hopper_pass_is_the_measured_candidate(compiled: dict[str, Any]) -> None:
+    """On an H200 an int8_per_token_head cache takes the int8 Hopper split pass
+    (spec_decode_attention_hopper_int8.py) on the Hopper planner's plan: one consumer
+    warpgroup and a widener up to q = 10 at G = 6, eager; two consumer warpgroups above,
+    lazy. It is benchmarks/int8_ws_candidate.py with the benchmark's options taken out, and
+    the machine code says so: its SASS (instructions, no addresses) is the candidate's in
+    the configuration the H200 measured (two Q.K terms, fp16 V; the record
+    tests/gpu/int8_candidate_result.json), so the candidate's H200 errors and times are
+    this pass's. It runs Q.K on the int8 wgmma and P.V on the fp16 one, loads K and V
+    only with TMA, fits an SM, and gives the loader warp's registers to the consumers."""
+    for q in (4, 8, 16):
+        row = compiled[f"h200/q{q}/int8"]
+        one_wg = q <= 10
+        assert row["kernel"] == "hopper" and row["num_wg"] == (1 if one_wg else 2), row
+        assert row["lazy"] is not one_wg and row["num_segments"] == 32, row
+        assert row["sass_lines"] > 1000, row
+        assert row["sass_sha256"] == row["candidate_sass_sha256"], row
+        assert row["shared"] == row["candidate_shared"] <= 227 << 10, row
+        # ptxas's whole-kernel figures (Triton 3.9: 168 registers at launch; 32 bytes of
+        # spill stores with one warpgroup, 174 with two, outside the tile loops).
+        assert row["regs"] is not None and row["spill_bytes"] is not None, row
+        assert row["s8_wgmma"] > 0 and row["f16_wgmma"] > 0 and row["tma_loads"] > 0, row
+        assert row["setmaxnreg"][0] == 24 and row["setmaxnreg"][-1] >= 240, row
 
 
 @pytest.mark.patch
@@ -758,6 +816,12 @@ def test_full_shapes_on_gpu(request: pytest.FixtureRequest, tmp_path: Path) -> N
         assert results["kernel"][f"{name}/bf16"]["kernel"] == ("hopper" if hopper else "triton")
         if hopper:
             assert results["kernel"][f"{name}/bf16/triton"]["kernel"] == "triton"
+    # int8_per_token_head caches: the int8 Hopper pass there (ragged, NaN past each
+    # request's end), the Triton one too.
+    for name, *_rest in worker.CUDA_INT8_CASES:
+        assert results["kernel"][f"{name}/int8"]["kernel"] == ("hopper" if hopper else "triton")
+        if hopper:
+            assert results["kernel"][f"{name}/int8/triton"]["kernel"] == "triton"
     # TRITON_ATTN's forward captured into a CUDA graph, replayed at other contexts with no
     # new allocation (FLASH_ATTN needs vLLM's compiled flash-attn, absent from a source tree).
     assert "dispatch_import_error" not in results, results["dispatch_import_error"]

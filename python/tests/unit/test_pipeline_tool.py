@@ -640,6 +640,7 @@ def test_the_repository_series_adds_files_only_through_the_overlay() -> None:
     ops = "vllm/v1/attention/ops/"
     assert added == {"spec-decode-attn": (ops + "spec_decode_attention.py",
                                           ops + "spec_decode_attention_hopper.py",
+                                          ops + "spec_decode_attention_hopper_int8.py",
                                           ops + "spec_decode_attention_plan.py"),
                      "spec-decode-attn-warmup": (
                          "vllm/model_executor/warmup/spec_decode_attn_warmup.py",),

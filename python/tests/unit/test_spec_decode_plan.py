@@ -13,7 +13,7 @@ import math
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given, settings
@@ -35,6 +35,7 @@ def _load(name: str) -> ModuleType:
 
 
 if TYPE_CHECKING:
+    import torch
     import vllm.v1.attention.ops.spec_decode_attention_plan as plan
 else:
     plan = _load("spec_decode_attention_plan")
@@ -222,7 +223,69 @@ def test_tma_compatible_on_real_cache_layouts() -> None:
     assert not plan.tma_compatible(shifted[:, 0], shifted[:, 1], 64)
 
 
-@pytest.mark.parametrize("name", ["spec_decode_attention", "spec_decode_attention_hopper"])
+def _int8_views(blocks: int = 6, bs: int = 16, kvh: int = 4, hs: int = 256,
+                raw: torch.Tensor | None = None) -> tuple[Any, Any, Any, Any]:
+    """TRITON_ATTN's views of an int8_per_token_head cache stored NHD: K, V (each [blocks,
+    bs, kvh, hs + 4]) and the float32 K and V scale views ([blocks, bs, kvh]), carved as
+    spec_decode_ref.make_int8_batch carves them (its dispatch test holds them to vLLM's)."""
+    import torch
+
+    padded = hs + 4
+    if raw is None:
+        raw = torch.zeros(blocks, bs, kvh, 2 * padded, dtype=torch.int8)
+    key, value = raw[..., :padded], raw[..., padded:]
+    k_scale = raw[..., hs:padded].view(torch.float32)[..., 0]
+    v_scale = raw[..., padded + hs:].view(torch.float32)[..., 0]
+    return key, value, k_scale, v_scale
+
+
+def _hopper_plan(q: int, **overrides: int) -> plan.LaunchPlan:
+    return plan.plan_launch(1, q, HEADS, KV_HEADS, HEAD_SIZE, _shape(132, 227 << 10, True),
+                            kernel="hopper", **overrides)
+
+
+def test_int8_hopper_pass_takes_the_model_cache_at_one_or_two_warpgroups() -> None:
+    pytest.importorskip("torch")
+    views = _int8_views()
+    for q, num_wg in ((2, 1), (8, 1), (10, 1), (11, 2), (16, 2), (20, 2)):
+        p = _hopper_plan(q)
+        assert (p.num_wg, p.q_tiles, p.tile_n % plan.INT8_HOPPER_TILE_N) == (num_wg, 1, 0)
+        assert plan.int8_hopper_unsupported(*views, p) is None, q
+    # Blocks of any multiple of the 16-token box.
+    assert plan.int8_hopper_unsupported(*_int8_views(bs=64), _hopper_plan(8)) is None
+
+
+def test_int8_hopper_pass_says_why_it_cannot_take_a_cache_or_plan() -> None:
+    torch = pytest.importorskip("torch")
+    views = _int8_views()
+    k, v, ks, vs = views
+    cases = {
+        # Past two warpgroups of rows: a second query tile, which the pass does not walk.
+        "query tiles": (views, _hopper_plan(21)),
+        "a triton plan": (views, plan.plan_launch(1, 8, HEADS, KV_HEADS, HEAD_SIZE,
+                                           _shape(132, 227 << 10, False))),
+        "32-key plan tiles": (views, _hopper_plan(8, tile_n=32)),
+        "head size 128": (_int8_views(hs=128), _hopper_plan(8)),
+        "blocks of 8 tokens": (_int8_views(bs=8), _hopper_plan(8)),
+        # One kv head: 520-byte token rows, off TMA's 16-byte grid.
+        "token rows of 520 bytes": (_int8_views(kvh=1), _hopper_plan(8)),
+        "not [K | K scale | V | V scale]": ((v, k, ks, vs), _hopper_plan(8)),
+        "scale views": ((k, v, vs, ks), _hopper_plan(8)),
+    }
+    # The same bytes laid out HND (a block's heads one after another): rows of one head.
+    hnd = torch.zeros(6, KV_HEADS, 16, 2 * 260, dtype=torch.int8).transpose(1, 2)
+    cases["strides"] = (_int8_views(raw=hnd), _hopper_plan(8))
+    # The whole buffer one byte off the 16-byte grid.
+    flat = torch.zeros(6 * 16 * KV_HEADS * 520 + 16, dtype=torch.int8)
+    shifted = flat[4:4 + 6 * 16 * KV_HEADS * 520].view(6, 16, KV_HEADS, 520)
+    cases["at 4 past 16"] = (_int8_views(raw=shifted), _hopper_plan(8))
+    for words, (cache_views, p) in cases.items():
+        why = plan.int8_hopper_unsupported(*cache_views, p)
+        assert why is not None and words in why, (words, why)
+
+
+@pytest.mark.parametrize("name", ["spec_decode_attention", "spec_decode_attention_hopper",
+                                  "spec_decode_attention_hopper_int8"])
 def test_only_kernels_go_unannotated(name: str) -> None:
     """mypy's override for these modules (pyproject.toml) lets @triton.jit / @gluon.jit
     kernels keep bare parameters; every other function must stay fully annotated."""

@@ -20,12 +20,15 @@
 # max_num_seqs x QMAX and never reallocated: a captured CUDA graph keeps its
 # addresses (gotcha 17).
 #
-# On sm_90 (Hopper) the split pass is the warp-specialised Gluon kernel of
-# spec_decode_attention_hopper.py (TMA loads in their own warp, 64-row
-# warpgroups); everywhere else, and for caches TMA cannot address, the
-# portable Triton split pass below. Both write the same partials. The launch
-# planner, which decides from shapes only, is spec_decode_attention_plan.py.
+# On sm_90 (Hopper) the split pass is a warp-specialised Gluon kernel (TMA
+# loads in their own warp, 64-row warpgroups): spec_decode_attention_hopper.py
+# for 16-bit caches, spec_decode_attention_hopper_int8.py for
+# int8_per_token_head ones; everywhere else, for fp8 caches and for caches
+# those kernels cannot address, the portable Triton split pass below. All
+# write the same partials. The launch planner, which decides from shapes only,
+# is spec_decode_attention_plan.py.
 
+import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -41,6 +44,7 @@ from vllm.v1.attention.ops.spec_decode_attention_plan import (
     WORKSPACE_BUDGET_BYTES,
     LaunchPlan,
     WorkspaceShape,
+    int8_hopper_unsupported,
     plan_launch,
     plan_smem,
 )
@@ -62,6 +66,7 @@ __all__ = [
     "int8_rows_aligned",
     "kv_family",
     "launch_reduce",
+    "plan_for_cache",
     "plan_launch",
     "plan_smem",
     "spec_decode_attention",
@@ -670,21 +675,30 @@ def _spec_decode_reduce_kernel(
     )
 
 
-_HOPPER: list[ModuleType | None] = []
+_GLUON_MODULES: dict[str, ModuleType | None] = {}
+
+
+def _gluon_module(name: str) -> ModuleType | None:
+    """vllm.v1.attention.ops.<name>, a Gluon split pass, or None where this
+    Triton lacks Gluon's Hopper API (imported once, on first use: only CUDA
+    workspaces ask)."""
+    if name not in _GLUON_MODULES:
+        mod: ModuleType | None
+        try:
+            mod = importlib.import_module(f"vllm.v1.attention.ops.{name}")
+        except Exception as exc:  # ImportError, or an API this Triton renamed
+            logger.info("spec-decode attention: no %s split pass (%s)", name, exc)
+            mod = None
+        _GLUON_MODULES[name] = mod
+    return _GLUON_MODULES[name]
 
 
 def _hopper_module() -> ModuleType | None:
-    """spec_decode_attention_hopper, or None where this Triton lacks Gluon's
-    Hopper API (imported once, on first use: only CUDA workspaces ask)."""
-    if not _HOPPER:
-        mod: ModuleType | None
-        try:
-            from vllm.v1.attention.ops import spec_decode_attention_hopper as mod
-        except Exception as exc:  # ImportError, or an API this Triton renamed
-            logger.info("spec-decode attention: no Hopper split pass (%s)", exc)
-            mod = None
-        _HOPPER.append(mod)
-    return _HOPPER[0]
+    return _gluon_module("spec_decode_attention_hopper")
+
+
+def _hopper_int8_module() -> ModuleType | None:
+    return _gluon_module("spec_decode_attention_hopper_int8")
 
 
 def hopper_available(device: torch.device) -> bool:
@@ -909,20 +923,30 @@ def spec_decode_attention(
     if tiles is None:
         tiles = TILE_PLANS[kv_family(key_cache)]
     if plan is None:
-        plan = plan_launch(
+        plan = plan_for_cache(
             num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
-            kernel="triton" if one_byte else None, **tiles.plan_overrides(),
+            key_cache, per_token_head, tiles,
         )
+    int8_hopper = None
     if plan.kernel == "hopper" and (one_byte or q_descale is not None):
-        # The Hopper split pass reads 16-bit caches only: no int8 or fp8 variant
-        # of it has been built or measured yet, so quantized caches take the
-        # Triton split pass on sm_90 too (issue 21).
-        plan = plan_launch(
-            num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
-            kernel="triton",
+        int8_hopper, why = _int8_hopper_for(
+            key_cache, value_cache, k_scale_cache, v_scale_cache, q_descale, plan
         )
-    hopper = _hopper_module() if plan.kernel == "hopper" else None
-    if plan.kernel == "hopper" and (
+        if int8_hopper is None:
+            # fp8 caches, and int8 ones the int8 Hopper pass cannot address: the
+            # Triton split pass with the cache's tile plan, same partials.
+            logger.warning_once(
+                "spec-decode attention: no Hopper split pass for this %s cache (%s); "
+                "using the Triton one",
+                key_cache.dtype,
+                why,
+            )
+            plan = plan_launch(
+                num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
+                kernel="triton", **tiles.plan_overrides(),
+            )
+    hopper = _hopper_module() if plan.kernel == "hopper" and int8_hopper is None else None
+    if plan.kernel == "hopper" and int8_hopper is None and (
         hopper is None or not hopper.tma_compatible(key_cache, value_cache, plan.tile_n)
     ):
         # A cache TMA cannot address (block size, strides, alignment): the
@@ -944,7 +968,24 @@ def spec_decode_attention(
                 f"spec-decode attention workspace holds {workspace.slots_per_head} "
                 f"token-segments per head, this batch needs {needed}"
             )
-    if plan.kernel == "hopper" and hopper is not None:
+    if int8_hopper is not None:
+        int8_hopper.ws_split_int8(
+            q,
+            key_cache,
+            cu_seqlens_q,
+            seq_lens,
+            block_table,
+            max_query_len,
+            softmax_scale * _LOG2E,
+            workspace.part_out,
+            workspace.part_max,
+            workspace.part_sum,
+            plan.num_wg,
+            plan.wg_q,
+            plan.num_segments,
+            plan.min_segment_tokens,
+        )
+    elif plan.kernel == "hopper" and hopper is not None:
         hopper.ws_split(
             q,
             key_cache,
@@ -974,6 +1015,57 @@ def spec_decode_attention(
         )
     launch_reduce(out, cu_seqlens_q, max_query_len, workspace, plan)
     return plan
+
+
+def plan_for_cache(
+    num_seqs: int,
+    max_query_len: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    workspace: SpecDecodeWorkspace,
+    key_cache: torch.Tensor,
+    per_token_head: bool,
+    tiles: TilePlan,
+) -> LaunchPlan:
+    """The plan a batch on this cache gets by default. 16-bit caches: the
+    planner's choice (the Hopper split pass where the workspace runs it), with
+    the cache family's overrides. int8_per_token_head caches on such a
+    workspace: the Hopper planner's own plan, whose segments the int8 Hopper
+    pass walks in its own tiles (spec_decode_attention checks the cache
+    itself). Other 8-bit caches, and int8 ones elsewhere: the Triton split
+    pass with the family's tile plan."""
+    shape = (num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace)
+    if key_cache.element_size() != 1:
+        return plan_launch(*shape, **tiles.plan_overrides())
+    if workspace.hopper and per_token_head and key_cache.dtype == torch.int8:
+        plan = plan_launch(*shape)
+        if plan.kernel == "hopper":
+            return plan
+    return plan_launch(*shape, kernel="triton", **tiles.plan_overrides())
+
+
+def _int8_hopper_for(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    k_scale_cache: torch.Tensor | None,
+    v_scale_cache: torch.Tensor | None,
+    q_descale: torch.Tensor | None,
+    plan: LaunchPlan,
+) -> tuple[ModuleType | None, str]:
+    """The int8 Hopper split pass for this cache under this Hopper plan, or None
+    and why not."""
+    if key_cache.dtype != torch.int8 or q_descale is not None:
+        return None, "only int8_per_token_head caches have a Hopper split pass"
+    if k_scale_cache is None or v_scale_cache is None:
+        return None, "an int8 cache without its per-token-head scales"
+    why = int8_hopper_unsupported(key_cache, value_cache, k_scale_cache, v_scale_cache, plan)
+    if why is not None:
+        return None, why
+    mod = _hopper_int8_module()
+    if mod is None:
+        return None, "this Triton has no Gluon Hopper API"
+    return mod, ""
 
 
 def launch_reduce(
@@ -1232,19 +1324,21 @@ class SpecDecodeAttention:
         ws = self.workspace
         tiles = TILE_PLANS[kv_family(key_cache)]
         for _ in range(8):
-            plan = plan_launch(
+            plan = plan_for_cache(
                 num_seqs,
                 max_query_len,
                 self.num_heads,
                 self.num_kv_heads,
                 self.head_size,
                 ws,
-                # No Hopper split pass reads 8-bit caches (spec_decode_attention).
-                kernel="triton" if self.kv_pth or self.kv_fp8_tensor else None,
-                **tiles.plan_overrides(),
+                key_cache,
+                self.kv_pth,
+                tiles,
             )
             try:
-                spec_decode_attention(
+                # The plan it ran: the int8 and TMA checks may have turned it
+                # into a Triton one.
+                plan = spec_decode_attention(
                     query,
                     key_cache,
                     value_cache,

@@ -336,3 +336,55 @@ def tma_compatible(
         and key_cache.data_ptr() % 16 == 0
         and value_cache.data_ptr() % 16 == 0
     )
+
+
+# The int8 Hopper split pass (spec_decode_attention_hopper_int8.py): keys a
+# tile, tokens a TMA box, and the head size its chunks are cut for.
+INT8_HOPPER_TILE_N = 64
+INT8_HOPPER_BOX_TOKENS = 16
+INT8_HOPPER_HEAD_SIZE = 256
+
+
+def int8_hopper_unsupported(
+    key_cache: "torch.Tensor",
+    value_cache: "torch.Tensor",
+    k_scale_cache: "torch.Tensor",
+    v_scale_cache: "torch.Tensor",
+    plan: LaunchPlan,
+) -> str | None:
+    """Why the int8 Hopper split pass cannot take this int8_per_token_head cache
+    under this Hopper plan, or None when it can. It reads the whole cache buffer
+    through TMA as rows of (token, every kv head) with each head's row
+    [K | K scale | V | V scale] (TRITON_ATTN's layout), so the four views must be
+    exactly that, 16-byte aligned, in blocks of whole 16-token boxes."""
+    head_size = key_cache.shape[3] - 4
+    if head_size != INT8_HOPPER_HEAD_SIZE:
+        return f"head size {head_size} (its tiles are cut for {INT8_HOPPER_HEAD_SIZE})"
+    if plan.kernel != "hopper":
+        return f"a {plan.kernel} plan (it runs the Hopper planner's)"
+    if plan.q_tiles != 1 or plan.num_wg not in (1, 2):
+        return (f"a plan of {plan.q_tiles} query tiles on {plan.num_wg} warpgroups "
+                "(it takes one tile of one or two)")
+    if plan.tile_n % INT8_HOPPER_TILE_N:
+        return f"{plan.tile_n}-key plan tiles (it walks {INT8_HOPPER_TILE_N}-key ones)"
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    if block_size % INT8_HOPPER_BOX_TOKENS:
+        return (f"cache blocks of {block_size} tokens (it copies "
+                f"{INT8_HOPPER_BOX_TOKENS}-token boxes)")
+    padded = head_size + 4
+    s_blk, s_slot, s_head, s_byte = key_cache.stride()
+    base = key_cache.data_ptr()
+    if (s_byte != 1 or s_head != 2 * padded or s_slot != num_kv_heads * s_head
+            or s_blk % s_slot or value_cache.stride() != key_cache.stride()
+            or value_cache.data_ptr() != base + padded):
+        return (f"K/V views with strides {tuple(key_cache.stride())} / "
+                f"{tuple(value_cache.stride())} (not [K | K scale | V | V scale] a head)")
+    scale_strides = (s_blk // 4, s_slot // 4, s_head // 4)
+    if (k_scale_cache.data_ptr() != base + head_size
+            or v_scale_cache.data_ptr() != base + padded + head_size
+            or tuple(k_scale_cache.stride()) != scale_strides
+            or tuple(v_scale_cache.stride()) != scale_strides):
+        return "scale views that are not the ones stored after each head's K and V"
+    if s_slot % 16 or base % 16:
+        return f"token rows of {s_slot} bytes at {base % 16} past 16 (TMA needs 16-byte rows)"
+    return None
