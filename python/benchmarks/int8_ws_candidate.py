@@ -1,7 +1,9 @@
 """Candidate for issue 21: the split pass over TRITON_ATTN's int8_per_token_head cache as a
-warp-specialised Hopper (sm_90) kernel in Gluon. Not in the patch series: it lives with the
-benchmarks until it moves into the series, so that trying it leaves the series (and the GPU
-records made on it) unchanged.
+warp-specialised Hopper (sm_90) kernel in Gluon. Its default configuration (two Q.K terms, an
+fp16 V tile; eager with the widener at one consumer warpgroup, lazy at two) is in the patch
+series as vllm/v1/attention/ops/spec_decode_attention_hopper_int8.py (session 22), which
+compiles to this file's SASS (a patch-tier test holds that). This file stays the workbench:
+its options and diagnoses try changes without touching the series or its GPU records.
 
 Why this shape (spec_decode_attn.md, "What a tile costs in instructions"): the Triton int8
 split pass issues 160 warp instructions a KV token at q = 8 and would need an IPC of 3.0 to
@@ -62,9 +64,8 @@ stage (--stages 3) or, with --tile-n 32 --segments 64 --maxnreg 128 --v-widen co
 for a second CTA an SM (spec_decode_attn.md, "Prepared for the next call"). Q.K on the
 fp16 wgmma over a widened K was slower from 64k on an H200 (session 21, same doc).
 
-Its online softmax, epilogue and compile signature repeat spec_decode_attention_hopper.py's
-and the compile report's on purpose: the candidate compiles without a patched tree. When it
-moves into that module it shares them.
+Its online softmax, epilogue and compile signature repeat the series' Hopper modules and the
+compile report's on purpose: the candidate compiles without a patched tree.
 
     python benchmarks/int8_ws_candidate.py --compile-only [--queries 8,16] [--json OUT]
     python benchmarks/int8_ws_candidate.py --tree DIR [--json OUT]   # an H200: errors, times

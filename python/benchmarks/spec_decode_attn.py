@@ -57,9 +57,10 @@ DEVICE = "cuda"
 # int8_per_token_head layout, bf16 queries; stock runs unified_attention's int8
 # per-token-head mode); "fp8" (fp8_e4m3 with the layer's per-tensor scales and fp8 queries
 # with theirs, as TRITON_ATTN runs it on CUDA; stock runs its FP8_PER_TENSOR mode);
-# "fp8pth" (fp8_per_token_head). The split-KV path reads the 8-bit ones with its Triton
-# split pass, the only one that does. The HBM floor counts each dtype's bytes, the
-# per-token-head scales included.
+# "fp8pth" (fp8_per_token_head). The split-KV path reads the fp8 ones with its Triton
+# split pass, and int8 with the int8 Hopper pass on an sm_90 GPU (the Triton pass
+# elsewhere): production_plan. The HBM floor counts each dtype's bytes, the per-token-head
+# scales included.
 KV_KINDS = ("bf16", "int8", "fp8", "fp8pth")
 KV = "bf16"
 
@@ -215,6 +216,15 @@ def ref_fp8(env: dict[str, Any]) -> Any:
     return env["ref"].FP8
 
 
+def production_plan(sda: Any, b: Any, ws: Any) -> Any:
+    """The plan vLLM's forward gets for this batch's cache: the int8 Hopper pass's for
+    int8 caches on an sm_90 GPU, the Triton pass's with the family's tile plan for the
+    other 8-bit caches, the planner's for 16-bit ones."""
+    return sda.plan_for_cache(
+        len(b.kv_lens), b.max_query_len, NUM_KV_HEADS * GROUP, NUM_KV_HEADS, HEAD_SIZE, ws,
+        b.key_cache, b.k_scale_cache is not None, sda.TILE_PLANS[sda.kv_family(b.key_cache)])
+
+
 def new_call(
     env: dict[str, Any], b: Any, out: Any, ws: Any, overrides: dict[str, int] | None = None
 ) -> Callable[[], None]:
@@ -223,9 +233,7 @@ def new_call(
     fields: dict[str, Any] = dict(overrides or {})
     # Diagnostic only: time the split pass alone (its output is left unreduced).
     split_only = fields.pop("_split_only", False)
-    if b.key_cache.element_size() == 1:
-        fields.setdefault("kernel", "triton")  # no Hopper split pass reads 8-bit caches
-    plan = sda.plan_launch(
+    plan = production_plan(sda, b, ws) if not fields else sda.plan_launch(
         len(b.kv_lens), b.max_query_len, heads, NUM_KV_HEADS, HEAD_SIZE, ws, **fields
     )
     if split_only:
@@ -257,10 +265,7 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
     pairs = list(zip(batches, outs_new, strict=True))
     new_calls = [new_call(env, b, o, ws) for b, o in pairs]
     t_new = _time_graph(torch, new_calls)
-    plan = env["sda"].plan_launch(
-        cell.batch, q, NUM_KV_HEADS * GROUP, NUM_KV_HEADS, HEAD_SIZE, ws,
-        kernel="triton" if cell.kv != "bf16" else None,
-    )
+    plan = production_plan(env["sda"], batches[0], ws)
     floor = cell.kv_bytes / copy_bw
     # Both kernels against the float32 reference of the dequantized cache (and query).
     want = env["ref"].reference(batches[0], HEAD_SIZE**-0.5)
