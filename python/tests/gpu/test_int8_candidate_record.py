@@ -15,7 +15,6 @@ points the tests at another record.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import inspect
 import json
 import os
@@ -28,6 +27,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.support.modules import load_module
 
 pytestmark = pytest.mark.gpu
 
@@ -70,14 +71,6 @@ def _recorded_source(sha: str) -> bytes | None:
     return None
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _sass_body(module: ModuleType, q: int, variant: str, row: dict[str, Any],
                workdir: Path) -> str:
     """The variant's kernel for sm_90a as cuobjdump prints it, addresses and encodings left
@@ -104,8 +97,8 @@ def _device_work_differs(recorded: bytes, data: dict[str, Any]) -> str | None:
         with tempfile.TemporaryDirectory() as tmp:
             old_path = Path(tmp) / "int8_ws_candidate_recorded.py"
             old_path.write_bytes(recorded)
-            old = _load(old_path, "int8_ws_candidate_recorded")
-            new = _load(CANDIDATE, "int8_ws_candidate_current")
+            old = load_module(old_path, "int8_ws_candidate_recorded")
+            new = load_module(CANDIDATE, "int8_ws_candidate_current")
             for name in HOST_FUNCTIONS:
                 if inspect.getsource(getattr(old, name)) != inspect.getsource(getattr(new, name)):
                     return f"host function {name}"

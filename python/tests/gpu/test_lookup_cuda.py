@@ -8,8 +8,6 @@ The overlay module is loaded by file path (torch only); skipped without a GPU.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+from tests.support.modules import load_module
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -26,12 +26,7 @@ LOOKUP_PY = (Path(__file__).resolve().parents[3]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_overlay_dflash2_lookup_cuda", LOOKUP_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(LOOKUP_PY, "_overlay_dflash2_lookup_cuda")
 
 
 if TYPE_CHECKING:

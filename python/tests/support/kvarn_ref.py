@@ -4,16 +4,16 @@ packed layout, causal multi-query attention)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+
+from tests.support.modules import load_module
 
 TILE = 128
 OVERLAY_FILE = (Path(__file__).resolve().parents[3]
@@ -26,11 +26,7 @@ def load_kvarn(path: Path = OVERLAY_FILE, name: str = "_overlay_kvarn") -> Modul
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while decorating
-        spec.loader.exec_module(module)
+        module = load_module(path, name)
     finally:
         if saved is None:
             os.environ.pop("TRITON_INTERPRET", None)

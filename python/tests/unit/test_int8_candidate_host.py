@@ -6,13 +6,13 @@ split, descriptor or constant found here costs none of it."""
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+
+from tests.support.modules import load_module
 
 pytestmark = pytest.mark.unit
 
@@ -22,12 +22,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "int8_ws_candidate
 @pytest.fixture(scope="module")
 def cand() -> ModuleType:
     pytest.importorskip("triton.experimental.gluon")
-    spec = importlib.util.spec_from_file_location("int8_ws_candidate_host", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT, "int8_ws_candidate_host")
 
 
 @pytest.mark.parametrize(("q", "group", "want"), [

@@ -6,13 +6,13 @@ wrong places. Compiling the copy for sm_90a is the patch tier's."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.support.modules import load_module
 
 pytestmark = pytest.mark.unit
 
@@ -21,12 +21,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "int8_ws_timeline.
 
 @pytest.fixture(scope="module")
 def timeline() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("int8_ws_timeline_unit", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT, "int8_ws_timeline_unit")
 
 
 def test_every_slot_gets_one_timer_read(timeline: ModuleType) -> None:

@@ -13,8 +13,6 @@ text equals plain greedy decoding, and on a copy task the lookup raises tokens p
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +21,8 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
+from tests.support.modules import load_module
+
 pytestmark = pytest.mark.unit
 
 LOOKUP_PY = (Path(__file__).resolve().parents[3]
@@ -30,12 +30,7 @@ LOOKUP_PY = (Path(__file__).resolve().parents[3]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_overlay_dflash2_lookup", LOOKUP_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
+    return load_module(LOOKUP_PY, "_overlay_dflash2_lookup")
 
 
 if TYPE_CHECKING:

@@ -8,9 +8,7 @@ The kernels and their dispatch need a patched tree (test_spec_decode_attn.py).
 from __future__ import annotations
 
 import ast
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -19,6 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.modules import load_module
+
 pytestmark = pytest.mark.unit
 
 OPS_DIR = Path(__file__).resolve().parents[3] / "patches/overlay/vllm/v1/attention/ops"
@@ -26,12 +26,7 @@ OPS_DIR = Path(__file__).resolve().parents[3] / "patches/overlay/vllm/v1/attenti
 
 def _load(name: str) -> ModuleType:
     """An overlay module by file path, under a private name (the real ``vllm`` stays out)."""
-    spec = importlib.util.spec_from_file_location(f"_overlay_{name}", OPS_DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
+    return load_module(OPS_DIR / f"{name}.py", f"_overlay_{name}")
 
 
 if TYPE_CHECKING:

@@ -14,7 +14,6 @@ tree, no subprocess.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import torch
 
 from tests.support import kvarn_ref
 from tests.support import spec_decode_ref as ref
+from tests.support.modules import load_module
 
 pytestmark = pytest.mark.unit
 
@@ -46,12 +46,7 @@ SEGMENTS = (None, 4)
 
 
 def _load(name: str, module_name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(module_name, OPS_DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
+    return load_module(OPS_DIR / f"{name}.py", module_name)
 
 
 # _widen and _quantize_q of the loaded overlay, for the kernels below (jit functions
