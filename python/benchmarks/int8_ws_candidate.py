@@ -800,24 +800,17 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         row_s = gl.convert_layout(part_row, gl.SliceLayout(1, st_layout))
         ok_s = gl.convert_layout(ok_o, gl.SliceLayout(1, st_layout))
         s_base = part_out_ptr + row_s[:, None] * (2 * CH8) + d_s[None, :]
-        if EPI_SMEM and WIDEN_WG:
-            # --epilogue smem: the conversion through the widener's two 16-bit V tiles (64
-            # KiB, free once the last P.V has read them), not the compiler's 32 KiB of
-            # scratch; that room is a third stage's.
-            ep_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-            ep = _f32_view(vbf, 2 * WG_ROWS, CH8, ep_layout)
-            ep.slice(0, WG_ROWS, 0).store(acc0 * inv_l)
-            ep.slice(WG_ROWS, WG_ROWS, 0).store(acc1 * inv_l)
-            _partition_barrier()
-            gl.store(s_base, ep.slice(0, WG_ROWS, 0).load(st_layout),
-                     mask=ok_s[:, None] & (d_s >= 0)[None, :])
-            gl.store(s_base + CH8, ep.slice(WG_ROWS, WG_ROWS, 0).load(st_layout),
-                     mask=ok_s[:, None])
-        elif EPI_SMEM:
-            # The same through the int8 stages (every tile read by now; 32 KiB or more), one
-            # accumulator after the other: with 32-key tiles a CTA then fits twice in an SM.
+        if EPI_SMEM:
+            # --epilogue smem: the conversion through shared memory the loop is done with,
+            # not the compiler's 32 KiB of scratch, one accumulator after the other: the
+            # widener's 16-bit V tiles (free once the last P.V has read them; that room is
+            # a third stage's), or without the widener the int8 stages (every tile read by
+            # now; with 32-key tiles a CTA then fits twice in an SM).
             st_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-            ep = _f32_view(bufs, STAGES * TILE_N, CH8, st_smem).slice(0, WG_ROWS, 0)
+            if WIDEN_WG:
+                ep = _f32_view(vbf, 2 * WG_ROWS, CH8, st_smem).slice(0, WG_ROWS, 0)
+            else:
+                ep = _f32_view(bufs, STAGES * TILE_N, CH8, st_smem).slice(0, WG_ROWS, 0)
             ep.store(acc0 * inv_l)
             _partition_barrier()
             gl.store(s_base, ep.load(st_layout), mask=ok_s[:, None] & (d_s >= 0)[None, :])

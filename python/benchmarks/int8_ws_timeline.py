@@ -122,8 +122,7 @@ def load(workdir: Path) -> ModuleType:
 def compile_report(workdir: Path) -> dict[str, Any]:
     """The instrumented kernel compiled for sm_90a (q = 8, two terms, fp16 V): its timer
     reads in the PTX and its shared memory, beside the plain candidate's."""
-    module = load(workdir)
-    sys.path.insert(0, str(HERE))
+    module = load(workdir)  # puts HERE on sys.path: the plain candidate imports from it
     plain = importlib.import_module("int8_ws_candidate")
     timed = module.compile_sm90(2, 2, q=8, v_tile="fp16")
     base = plain.compile_sm90(2, 2, q=8, v_tile="fp16")
