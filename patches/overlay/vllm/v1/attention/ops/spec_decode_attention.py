@@ -1035,14 +1035,19 @@ def plan_for_cache(
     pass walks in its own tiles (spec_decode_attention checks the cache
     itself). Other 8-bit caches, and int8 ones elsewhere: the Triton split
     pass with the family's tile plan."""
-    shape = (num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace)
-    if key_cache.element_size() != 1:
-        return plan_launch(*shape, **tiles.plan_overrides())
-    if workspace.hopper and per_token_head and key_cache.dtype == torch.int8:
-        plan = plan_launch(*shape)
-        if plan.kernel == "hopper":
-            return plan
-    return plan_launch(*shape, kernel="triton", **tiles.plan_overrides())
+    kernel = None
+    if key_cache.element_size() == 1:
+        if workspace.hopper and per_token_head and key_cache.dtype == torch.int8:
+            plan = plan_launch(
+                num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace
+            )
+            if plan.kernel == "hopper":
+                return plan
+        kernel = "triton"
+    return plan_launch(
+        num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
+        kernel=kernel, **tiles.plan_overrides(),
+    )
 
 
 def _int8_hopper_for(
