@@ -897,37 +897,45 @@ def gluon_split_signature(fn: Any, descs: dict[str, str]) -> dict[str, str]:
             signature[name] = "constexpr"
     return signature
 
+
+def compile_gluon_split(fn: Any, descs: dict[str, str], constexprs: dict[str, Any],
+                        maxnreg: int) -> Any:
+    """A Gluon split pass compiled for sm_90a as a launch specialises it: the argument types
+    of gluon_split_signature, ``constexprs`` by name, four warps under ``maxnreg``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    # The pointers and the query's strides divisible by 16, as a launch's JIT marks them:
+    # without the mark the query loads compile 2 bytes wide. (The int8 cache's head stride,
+    # 520 bytes, is not a multiple; the block table's stride varies.)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name.endswith("_ptr") or name.startswith("stride_q")}
+    source = GluonASTSource(
+        fn, gluon_split_signature(fn, descs),
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
+    )
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": maxnreg})
+
+
 def compile_hopper(hopper: Any, plan: Any, heads: int, kv_heads: int, head_size: int,
                     block_size: int) -> Any:
     """The Gluon split pass of a Hopper plan, compiled for sm_90a with the arguments a
     launch passes (TMA descriptors of the plan's boxes over bf16 caches)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = hopper._ws_split_kernel
     box = hopper.box_tokens(block_size, plan.tile_n)
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    signature = gluon_split_signature(fn, {
-        name: f"tensordesc<bf16[{box}, 64],{layout!r}>"
-        for name in fn.arg_names if name.endswith("_desc")})
-    constexprs = {
+    descs = {name: f"tensordesc<bf16[{box}, 64],{layout!r}>"
+             for name in fn.arg_names if name.endswith("_desc")}
+    return compile_gluon_split(fn, descs, {
         "NUM_HEADS": heads, "G": heads // kv_heads, "BLOCK_SIZE": block_size,
         "WG_Q": plan.wg_q, "NUM_WG": plan.num_wg, "Q_TILES": plan.q_tiles,
         "TILE_N": plan.tile_n, "BOX_T": box, "NUM_SEGMENTS": plan.num_segments,
         "STAGES": plan.num_stages, "NCH": head_size // 64,
-    }
-    # The query's strides too: a launch's JIT marks them multiples of 16 (they are, at every
-    # head size the pass takes), and without the mark its query loads compile 2 bytes wide.
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if name.endswith("_ptr") or name.startswith("stride_q")}
-    source = GluonASTSource(
-        fn, signature,
-        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
-    )
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": hopper.MAXNREG})
+    }, hopper.MAXNREG)
 
 
 def triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
@@ -1043,10 +1051,7 @@ def compile_hopper_int8(mod: Any, plan: Any, heads: int, kv_heads: int, block_si
                         lazy: bool) -> Any:
     """The int8 Hopper split pass of a Hopper plan, compiled for sm_90a with the arguments
     ws_split_int8 passes (TMA descriptors of 16-token boxes over the int8 cache buffer)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = mod._ws_split_int8_kernel
     boxes = {"desc": (mod.CH8.value, 128), "kt_desc": (mod.KT.value, 32),
@@ -1055,22 +1060,11 @@ def compile_hopper_int8(mod: Any, plan: Any, heads: int, kv_heads: int, block_si
     for name, (cols, swizzle) in boxes.items():
         layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=8, rank=2)
         descs[name] = f"tensordesc<i8[{mod.BOX_T}, {cols}],{layout!r}>"
-    signature = gluon_split_signature(fn, descs)
-    constexprs = {
+    return compile_gluon_split(fn, descs, {
         "NUM_HEADS": heads, "G": heads // kv_heads, "BLOCK_SIZE": block_size,
         "WG_Q": plan.wg_q, "NUM_WG": plan.num_wg, "TILE_N": mod.TILE_N, "BOX_T": mod.BOX_T,
         "NUM_SEGMENTS": plan.num_segments, "STAGES": mod.STAGES, "HEAD": 256, "LAZY": lazy,
-    }
-    # As a launch specialises them: the pointers and the query's strides divisible by 16
-    # (the cache's head stride, 520 bytes, is not; the block table's varies).
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if name.endswith("_ptr") or name.startswith("stride_q")}
-    source = GluonASTSource(
-        fn, signature,
-        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
-    )
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": mod.MAXNREG})
+    }, mod.MAXNREG)
 
 
 def sass_instructions(cubin: bytes, workdir: Path) -> str:
@@ -1116,6 +1110,8 @@ def compile_hopper_int8_report(sda: Any, ws: Any, heads: int, kv_heads: int, hea
             "kernel": plan.kernel, "num_wg": plan.num_wg, "wg_q": plan.wg_q,
             "num_segments": plan.num_segments, "tile_n": plan.tile_n, "lazy": lazy,
             "shared": compiled.metadata.shared, "regs": regs, "spill_bytes": spill,
+            "smem_estimate": sda.plan_smem(plan, head_size, int8_hopper=True),
+            "smem_limit": ws.max_shared_mem,
             "s8_wgmma": len(re.findall(r"wgmma\.mma_async\S*\.s32\.s8\.s8", ptx)),
             "f16_wgmma": len(re.findall(r"wgmma\.mma_async\S*\.f32\.f16\.f16", ptx)),
             "tma_loads": ptx.count("cp.async.bulk.tensor"),

@@ -1379,7 +1379,12 @@ class SpecDecodeAttention:
                 # so plan below it (for every layer: the workspace is shared).
                 if type(exc).__name__ != "OutOfResources":
                     raise
-                smem = plan_smem(plan, self.head_size)
+                # A Hopper plan over an int8 cache ran the int8 Hopper pass.
+                smem = plan_smem(
+                    plan,
+                    self.head_size,
+                    int8_hopper=plan.kernel == "hopper" and key_cache.dtype == torch.int8,
+                )
                 ws.max_shared_mem = min(ws.max_shared_mem, smem) - 1
                 logger.warning_once(
                     "spec-decode attention: %s; planning smaller tiles", exc

@@ -117,8 +117,12 @@ def _hopper_smem_estimate(num_wg: int, tile_n: int, num_stages: int, head_size: 
     return (num_stages * 2 * tile_n + num_wg * 64) * head_size * 2 + 512
 
 
-def plan_smem(plan: LaunchPlan, head_size: int) -> int:
-    """Estimated shared memory of one split program of this plan."""
+def plan_smem(plan: LaunchPlan, head_size: int, int8_hopper: bool = False) -> int:
+    """Estimated shared memory of one split program of this plan; with
+    ``int8_hopper``, of the int8 Hopper pass that walks a Hopper plan over an
+    int8_per_token_head cache."""
+    if plan.kernel == "hopper" and int8_hopper:
+        return INT8_HOPPER_SMEM[plan.num_wg]
     if plan.kernel == "hopper":
         return _hopper_smem_estimate(plan.num_wg, plan.tile_n, plan.num_stages, head_size)
     return _smem_estimate(plan.block_m, plan.tile_n, plan.num_stages, head_size)
@@ -343,6 +347,10 @@ def tma_compatible(
 INT8_HOPPER_TILE_N = 64
 INT8_HOPPER_BOX_TOKENS = 16
 INT8_HOPPER_HEAD_SIZE = 256
+# Shared memory Triton allocates the int8 Hopper pass, by consumer warpgroups
+# (its own tiles and stages, whatever the plan's): the patch tier's compile
+# report holds these to the compiled kernel.
+INT8_HOPPER_SMEM = {1: 208_968, 2: 213_560}
 
 
 def int8_hopper_unsupported(
