@@ -216,6 +216,13 @@ def _tile_blocks(bt_row_ptr, kv_lo, kv_hi, i, jj, TILE_N: gl.constexpr, BOX_T: g
 
 
 @gluon.jit
+def _low8(y):
+    """The int8 code held in the low byte of y = n + 1.5 * 2**23 (n an integer of
+    |n| <= 127; 0x4B400000's low byte is zero)."""
+    return y.to(gl.int32, bitcast=True).to(gl.int8)
+
+
+@gluon.jit
 def _rows8(x):
     """float32 (|x| <= 128) to int8 codes, half up, clamped to +-127 (the Triton pass's
     _int8_rows)."""
@@ -332,6 +339,13 @@ BT_AHEAD = gl.constexpr(False)
 # launch, the query's quantization, the barriers and the partials' stores. All give wrong
 # outputs; their times say which side bounds a tile.
 DIAG = gl.constexpr(0)
+# How the query's codes are rounded (--q-round). "magic" (the default since session 23): by
+# adding 1.5 * 2**23, so that the FP32 pipe rounds to the nearest integer (ties to even) and
+# leaves the code in the low byte. "floor": floor(x + 0.5) and float<->int conversions, as
+# the Triton pass does. Those run on the conversion unit, 16 lanes a clock an SM: about 570
+# conversions a consumer thread (ptxas, q = 8), an estimated 2.3 µs before the first tile
+# (the timeline had the query done 5.25 µs after entry and the first tile there at 2.5).
+Q_MAGIC = gl.constexpr(True)
 
 
 @gluon.jit
@@ -691,9 +705,22 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     xa = qa * inv
     xb = qb * inv
     xc = qc * inv_t
-    ha = _rows8(xa)
-    hb = _rows8(xb)
-    hc = _rows8(xc)
+    if Q_MAGIC:
+        # |x| <= 127: x + 1.5 * 2**23 is rounded to an integer; less the constant, it is
+        # the code as a float. The low term's clamp keeps a tie's 128 a code.
+        ya = xa + 12582912.0
+        yb = xb + 12582912.0
+        yc = xc + 12582912.0
+        ha = _low8(ya)
+        hb = _low8(yb)
+        hc = _low8(yc)
+        ra = ya - 12582912.0
+        rb = yb - 12582912.0
+        rc = yc - 12582912.0
+    else:
+        ha = _rows8(xa)
+        hb = _rows8(xb)
+        hc = _rows8(xc)
     q_sc = amax / 127.0
     if INT8_QK == 2:
         q_sc = q_sc / 256.0
@@ -701,7 +728,14 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         qh_smem.index(0).store(ha)
         qh_smem.index(1).store(hb)
         qht.store(hc)
-        if INT8_QK == 2:
+        if INT8_QK == 2 and Q_MAGIC:
+            ql_smem.index(0).store(_low8(
+                gl.minimum(gl.maximum((xa - ra) * 256.0, -127.0), 127.0) + 12582912.0))
+            ql_smem.index(1).store(_low8(
+                gl.minimum(gl.maximum((xb - rb) * 256.0, -127.0), 127.0) + 12582912.0))
+            qlt.store(_low8(
+                gl.minimum(gl.maximum((xc - rc) * 256.0, -127.0), 127.0) + 12582912.0))
+        elif INT8_QK == 2:
             ql_smem.index(0).store(_rows8((xa - ha.to(gl.float32)) * 256.0))
             ql_smem.index(1).store(_rows8((xb - hb.to(gl.float32)) * 256.0))
             qlt.store(_rows8((xc - hc.to(gl.float32)) * 256.0))
@@ -1303,6 +1337,9 @@ def main() -> int:
     parser.add_argument("--tile-n", type=int, choices=(32, 64), default=64,
                         help="keys a tile; at 32 a CTA's shared memory would let two share an "
                         "SM, but the launch's registers (8 warps x 168) allow one")
+    parser.add_argument("--q-round", choices=("floor", "magic"), default="magic",
+                        help="how the query's codes are rounded: by adding 1.5 * 2**23, or "
+                        "floor(x + 0.5) and conversions (before session 23)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--probe-column", type=int, default=None,
                         help="on a GPU: load one TMA box from this byte column and say how "
@@ -1310,7 +1347,8 @@ def main() -> int:
     args = parser.parse_args()
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
-    global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS
+    global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS, Q_MAGIC
+    Q_MAGIC = gl.constexpr(args.q_round == "magic")
     V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
     EPI_ROWS = gl.constexpr(args.epilogue in ("rows", "smem"))
     EPI_SMEM = gl.constexpr(args.epilogue == "smem")
@@ -1369,7 +1407,7 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
             + ("" if EPI_ROWS else "-ea") + ("-es" if EPI_SMEM else "")
             + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake", 4: "-nostore",
                5: "-noqload"}[DIAG.value]
-            + ("" if TILE_N == 64 else f"-t{TILE_N}"))
+            + ("" if TILE_N == 64 else f"-t{TILE_N}") + ("" if Q_MAGIC else "-qf"))
 
 
 # sm_90's per-SM limits: shared memory (228 KiB, 1 KiB of it reserved a CTA) and registers.
@@ -1539,6 +1577,7 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                    "widener_regs": WIDENER_REGS.value,
                                    "shift_hints": VEC_SHIFTS.value,
                                    "epilogue_smem": EPI_SMEM.value,
+                                   "q_magic": Q_MAGIC.value,
                                    "block_table_ahead": BT_AHEAD.value,
                                    "epilogue_rows": (EPI_ROWS.value and not PINGPONG
                                                      and not OVERLAP
