@@ -169,7 +169,10 @@ def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool
             row = {"entry_spread_us": float(entry.max() - entry.min()),
                    "end_us": float(t.max() - entry.min())}
             for k, name in enumerate(SLOTS[1:], 1):
-                row[f"{name}_us"] = float((t[:, k] - entry).median())
+                # Programs past a short request's end (an empty segment) record no slot.
+                ran = t[:, k] > 0
+                row[f"{name}_us"] = (float((t[ran, k] - entry[ran]).median())
+                                     if bool(ran.any()) else float("nan"))
             launches.append(row)
         kept = launches[2:]
         med = {k: sorted(r[k] for r in kept)[len(kept) // 2] for k in kept[0]}
