@@ -21,7 +21,7 @@ is a store of one 8-byte value by each partition's threads; a program's eight sl
     python benchmarks/int8_ws_timeline.py --compile-only          # sm_90a, no GPU
     python benchmarks/int8_ws_timeline.py --tree DIR [--json OUT]  # an H200
 
-On a device it launches the split pass eagerly (no graph) at q = 8, two terms, fp16 V, and
+On a device it launches the split pass eagerly (no graph) at q = 8 (--q), two terms, fp16 V, and
 prints per context the median over programs of each slot's time after the program's own
 entry, the spread of the entries, and the latest slot of any program; the median of 10
 launches after 2 warm-ups.
@@ -77,6 +77,13 @@ EDITS: tuple[tuple[str, str, int], ...] = (
      "    gl.store(tlb + 7, _now())\n", 1),
     ("def _consume8(q_ptr,", "def _consume8(tlb, q_ptr,", 1),
     ("(_consume8, (q_ptr,", "(_consume8, (tlb, q_ptr,", 4),
+    # The second consumer warpgroup (q x G > 64) and the ping-pong ones write the same
+    # slots as the first: the last writer's time stays.
+    ("def _consume8_second(q_ptr,", "def _consume8_second(tlb, q_ptr,", 1),
+    ("def _consume8_pp(q_ptr,", "def _consume8_pp(tlb, q_ptr,", 1),
+    ("(_consume8_second, (q_ptr,", "(_consume8_second, (tlb, q_ptr,", 2),
+    ("(_consume8_pp, (q_ptr,", "(_consume8_pp, (tlb, q_ptr,", 2),
+    ("    _consume8(q_ptr, part_out_ptr", "    _consume8(tlb, q_ptr, part_out_ptr", 2),
     ("    else:\n        mbarrier.wait(widened.index(0), 0)\n",
      "    else:\n        mbarrier.wait(widened.index(0), 0)\n    gl.store(tlb + 1, _now())\n", 1),
     ("\n    r_o = gl.arange(0, WG_ROWS, layout=row_layout)\n",
@@ -131,7 +138,7 @@ def compile_report(workdir: Path) -> dict[str, Any]:
 
 
 def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool,
-                out: Path | None, workdir: Path) -> int:
+                out: Path | None, workdir: Path, q: int = 8) -> int:
     sys.path.insert(0, tree)
     sys.path.insert(1, str(HERE.parent))
     import spec_decode_attn as bench
@@ -150,19 +157,20 @@ def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool
     env = {"torch": torch, "ref": ref, "sda": sda}
     heads = bench.NUM_KV_HEADS * bench.GROUP
     ws = sda.get_workspace(64, heads, bench.HEAD_SIZE, torch.device("cuda"))
-    plan = sda.plan_launch(1, 8, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
+    plan = sda.plan_launch(1, q, heads, bench.NUM_KV_HEADS, bench.HEAD_SIZE, ws,
                            kernel="hopper")
     programs = bench.NUM_KV_HEADS * plan.num_segments
     cand.TIMELINE[0] = torch.zeros(programs * len(SLOTS), dtype=torch.int64, device="cuda")
     qk_scale = bench.HEAD_SIZE**-0.5 * 1.4426950408889634
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "stages": stages,
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "stages": stages, "q": q,
                               "epilogue_smem": epilogue_smem, "contexts": {}}
     for ctx in contexts:
-        batch = bench.Cell(env, 1, ctx).batches(8)[0]
+        batch = bench.Cell(env, 1, ctx).batches(q)[0]
         launches = []
         for _ in range(12):
             cand.TIMELINE[0].zero_()
-            cand.launch(batch, ws, plan, qk_scale, 2, stages, False, "fp16")
+            # Eager with one consumer warpgroup, lazy with two: the series' pass.
+            cand.launch(batch, ws, plan, qk_scale, 2, stages, q * bench.GROUP > 64, "fp16")
             torch.cuda.synchronize()
             t = cand.TIMELINE[0].view(programs, len(SLOTS)).double().cpu() / 1e3  # µs
             entry = t[:, 0]
@@ -189,6 +197,8 @@ def main() -> int:
     parser.add_argument("--compile-only", action="store_true",
                         help="compile the instrumented kernel for sm_90a and count its reads")
     parser.add_argument("--contexts", default="2048,16384,65536")
+    parser.add_argument("--q", type=int, default=8,
+                        help="verify length (above 10, two consumer warpgroups, lazy)")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--epilogue", choices=("rows", "smem"), default="rows",
                         help="the candidate's --epilogue (smem frees room for --stages 3)")
@@ -204,7 +214,7 @@ def main() -> int:
         if not args.tree:
             parser.error("--tree is needed for a device run")
         return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c],
-                           args.stages, args.epilogue == "smem", args.json, Path(tmp))
+                           args.stages, args.epilogue == "smem", args.json, Path(tmp), args.q)
 
 
 if __name__ == "__main__":
