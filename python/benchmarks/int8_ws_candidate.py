@@ -823,7 +823,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         # is never negative; the compiler cannot know, so nothing upstream is dropped).
         ok_o = ok_o & (l_o < -1.0)
     # Accumulator column c holds V's column c - v_at.
-    if EPI_ROWS and NUM_WG == 1 and not PP and not OV:
+    if EPI_ROWS and (NUM_WG == 1 or EPI_SMEM) and not PP and not OV:
         # --epilogue rows (the default where it fits): each warp stores whole rows (32
         # threads x 4 columns), not the accumulator's 8-byte pairs of 8 rows (a quarter of
         # each sector used, ncu). The conversion takes 32 KiB of shared memory: one
@@ -841,7 +841,15 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
             # a third stage's), or without the widener the int8 stages (every tile read by
             # now; with 32-key tiles a CTA then fits twice in an SM).
             st_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-            if WIDEN_WG:
+            if NUM_WG == 2:
+                # Two warpgroups (session 23): each releases a stage only after its P.V
+                # has read it, so once the last tile's stage is released by both, every
+                # int8 stage is free: half of them for each warpgroup's rows.
+                last = n_tiles - 1
+                mbarrier.wait(empty.index(last % STAGES), (last // STAGES) & 1)
+                ep = _f32_view(bufs, STAGES * TILE_N, CH8, st_smem).slice(W * WG_ROWS,
+                                                                          WG_ROWS, 0)
+            elif WIDEN_WG:
                 ep = _f32_view(vbf, 2 * WG_ROWS, CH8, st_smem).slice(0, WG_ROWS, 0)
             else:
                 ep = _f32_view(bufs, STAGES * TILE_N, CH8, st_smem).slice(0, WG_ROWS, 0)
@@ -1581,7 +1589,8 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                    "block_table_ahead": BT_AHEAD.value,
                                    "epilogue_rows": (EPI_ROWS.value and not PINGPONG
                                                      and not OVERLAP
-                                                     and warpgroups(q, 6)[0] == 1),
+                                                     and (warpgroups(q, 6)[0] == 1
+                                                          or EPI_SMEM.value)),
                                    "v_load": next(k for k, v in V_LOADS.items()
                                                   if v == V_LOAD_LAYOUT.value),
                                    "scale_load": next(k for k, v in SCALE_LOADS.items()
