@@ -138,7 +138,7 @@ def compile_report(workdir: Path) -> dict[str, Any]:
 
 
 def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool,
-                out: Path | None, workdir: Path, q: int = 8) -> int:
+                out: Path | None, workdir: Path, q: int = 8, q_magic: bool = False) -> int:
     sys.path.insert(0, tree)
     sys.path.insert(1, str(HERE.parent))
     import spec_decode_attn as bench
@@ -152,6 +152,7 @@ def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool
         return 2
     cand = load(workdir)
     vars(cand)["EPI_SMEM"] = gl.constexpr(epilogue_smem)  # read when the kernel compiles
+    vars(cand)["Q_MAGIC"] = gl.constexpr(q_magic)
     sda = importlib.import_module("vllm.v1.attention.ops.spec_decode_attention")
     bench.KV = "int8"
     env = {"torch": torch, "ref": ref, "sda": sda}
@@ -163,6 +164,7 @@ def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool
     cand.TIMELINE[0] = torch.zeros(programs * len(SLOTS), dtype=torch.int64, device="cuda")
     qk_scale = bench.HEAD_SIZE**-0.5 * 1.4426950408889634
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "stages": stages, "q": q,
+                              "q_magic": q_magic,
                               "epilogue_smem": epilogue_smem, "contexts": {}}
     for ctx in contexts:
         batch = bench.Cell(env, 1, ctx).batches(q)[0]
@@ -199,6 +201,8 @@ def main() -> int:
     parser.add_argument("--contexts", default="2048,16384,65536")
     parser.add_argument("--q", type=int, default=8,
                         help="verify length (above 10, two consumer warpgroups, lazy)")
+    parser.add_argument("--q-round", choices=("floor", "magic"), default="floor",
+                        help="the candidate's --q-round")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--epilogue", choices=("rows", "smem"), default="rows",
                         help="the candidate's --epilogue (smem frees room for --stages 3)")
@@ -214,7 +218,8 @@ def main() -> int:
         if not args.tree:
             parser.error("--tree is needed for a device run")
         return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c],
-                           args.stages, args.epilogue == "smem", args.json, Path(tmp), args.q)
+                           args.stages, args.epilogue == "smem", args.json, Path(tmp), args.q,
+                           args.q_round == "magic")
 
 
 if __name__ == "__main__":
