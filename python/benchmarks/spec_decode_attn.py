@@ -218,11 +218,12 @@ def ref_fp8(env: dict[str, Any]) -> Any:
 
 def production_plan(sda: Any, b: Any, ws: Any) -> Any:
     """The plan vLLM's forward gets for this batch's cache: the int8 Hopper pass's for
-    int8 caches on an sm_90 GPU, the Triton pass's with the family's tile plan for the
-    other 8-bit caches, the planner's for 16-bit ones."""
+    int8 caches on an sm_90 GPU, the Triton pass's with the family's tile plan on this
+    card for the other 8-bit caches, the planner's (with the card's overrides) for 16-bit
+    ones."""
     return sda.plan_for_cache(
         len(b.kv_lens), b.max_query_len, NUM_KV_HEADS * GROUP, NUM_KV_HEADS, HEAD_SIZE, ws,
-        b.key_cache, b.k_scale_cache is not None, sda.TILE_PLANS[sda.kv_family(b.key_cache)])
+        b.key_cache, b.k_scale_cache is not None, sda.cache_tile_plan(b.key_cache))
 
 
 def new_call(
@@ -505,7 +506,11 @@ def sweep8_configs(sda: Any, kv: str, q: int, ws: Any, switches: list[str] | Non
     the grid (in SWEEP8_GRID's order), each grid point as it is and then with each of
     SWEEP8_GRID_SWITCHES."""
     heads = NUM_KV_HEADS * GROUP
-    production = sda.TILE_PLANS["int8" if kv == "int8" else "fp8"]
+    import torch
+
+    device = ws_device(ws)
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    production = sda.tile_plan("int8" if kv == "int8" else "fp8", capability)
     named: list[tuple[str, Any]] = [("production", production)]
     for name, switch in SWEEP8_SWITCHES.get(kv, {}).items():
         if switches is None or name in switches:

@@ -1223,7 +1223,41 @@ def compile_report(results: dict[str, Any], workdir: Path) -> None:
                 key += _prod_suffix(int8_qk, rows)
             report[key] = row
             print(f"{key}: {row}", flush=True)
+        if (cap // 10, cap % 10) in sda.ARCH_TILE_PLANS:
+            report.update(compile_arch_plans(sda, ws, card, cap, heads, kv_heads, head_size,
+                                             workdir))
     results["compiled"] = report
+
+
+def compile_arch_plans(sda: Any, ws: Any, card: str, cap: int, heads: int, kv_heads: int,
+                       head_size: int, workdir: Path) -> dict[str, Any]:
+    """The card's own production plans (ARCH_TILE_PLANS, what tile_plan gives a card of
+    this compute capability) for bf16 and int8 caches at each COMPILE_QUERY_LENS: keys
+    "<card>/q<q>/archprod-<kv>"."""
+    import re
+
+    rows: dict[str, Any] = {}
+    for kv, family in (("bf16", "16bit"), ("int8", "int8")):
+        tiles = sda.tile_plan(family, (cap // 10, cap % 10))
+        for q in COMPILE_QUERY_LENS:
+            plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws, kernel="triton",
+                                   **tiles.plan_overrides())
+            compiled = compile_triton_split(
+                sda, plan, kv, cap, int8_qk=tiles.int8_qk if kv == "int8" else None)
+            ptx = compiled.asm["ptx"]
+            regs, spill = _ptxas_report(ptx, f"sm_{cap}", workdir)
+            row = {
+                "kernel": plan.kernel, "block_m": plan.block_m, "tile_n": plan.tile_n,
+                "num_stages": plan.num_stages, "num_warps": plan.num_warps,
+                "int8_qk": tiles.int8_qk, "smem_estimate": sda.plan_smem(plan, head_size),
+                "smem_limit": ws.max_shared_mem, "shared": compiled.metadata.shared,
+                "regs": regs, "spill_bytes": spill, "mma_sync": ptx.count("mma.sync"),
+                "s8_mma": len(re.findall(r"mma[\w.]*\.s32\.s8\.s8", ptx)),
+                "byte_loads": ptx.count("ld.global.b8"),
+            }
+            rows[f"{card}/q{q}/archprod-{kv}"] = row
+            print(f"{card}/q{q}/archprod-{kv}: {row}", flush=True)
+    return rows
 
 
 def main() -> int:

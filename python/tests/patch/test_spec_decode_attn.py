@@ -328,7 +328,8 @@ def test_split_kernel_compiled_for_h200_and_rtx3090(compiled: dict[str, Any]) ->
         f"{card}/q{q}/int8prod-qk{n}" for card in cards[1:]
         for q in worker.COMPILE_INT8_QK_QUERY_LENS for n in worker.COMPILE_INT8_QK} | {
         f"{card}/q{q}/int8prod-{r}" for card in cards[1:]
-        for q in worker.COMPILE_INT8_QK_QUERY_LENS for r in worker.COMPILE_INT8_ROW_READS}
+        for q in worker.COMPILE_INT8_QK_QUERY_LENS for r in worker.COMPILE_INT8_ROW_READS} | {
+        f"rtx3090/q{q}/archprod-{kv}" for q in (4, 8, 16) for kv in ("bf16", "int8")}
     for key, row in rows.items():
         if "error" in row:  # test_fp8_split_pass_compiled_for_h200 holds these
             continue
@@ -396,6 +397,29 @@ def test_int8_split_pass_compiled_for_rtx3090(compiled: dict[str, Any]) -> None:
             # Same tiles as the bf16 plan: the planner decides from shapes only.
             assert (int8["block_m"], int8["tile_n"]) == (bf16["block_m"], bf16["tile_n"])
     assert all(compiled[f"rtx3090/q{q}/int8"]["mma_sync"] > 0 for q in (4, 8, 16))
+
+
+@pytest.mark.patch
+def test_rtx3090_plans_compiled_for_sm86(compiled: dict[str, Any]) -> None:
+    """The RTX 3090's own tile plans (ARCH_TILE_PLANS[(8, 6)], chosen by
+    benchmarks/rtx3090_tile_model.py), compiled for sm_86 as a launch on the card gets them:
+    eight warps, and for int8 caches Q.K on the int8 mma.sync (two query terms: two int8
+    MMAs for each 16-bit one P.V keeps). They fit 99 KiB, and at q = 4 and 8 nothing
+    spills, where the H200's plans compiled for sm_86 (four warps there) spill at q = 8.
+    q = 16's 128-row tile still spills on sm_86 with either plan (the model's table)."""
+    for q in (4, 8, 16):
+        for kv in ("bf16", "int8"):
+            row = compiled[f"rtx3090/q{q}/archprod-{kv}"]
+            assert row["kernel"] == "triton" and row["num_warps"] == 8, row
+            assert row["shared"] <= row["smem_estimate"] <= row["smem_limit"] == 99 << 10, row
+            assert row["regs"] is not None and row["byte_loads"] == 0, row
+            if q <= 8:
+                assert row["spill_bytes"] == 0, row
+        int8 = compiled[f"rtx3090/q{q}/archprod-int8"]
+        assert int8["int8_qk"] == 2 and int8["s8_mma"] > 0, int8
+        assert int8["mma_sync"] - int8["s8_mma"] > 0, int8  # P.V on the 16-bit MMA
+    assert compiled["rtx3090/q8"]["spill_bytes"] > 0  # the H200-derived plan, four warps
+    assert compiled["rtx3090/q8/int8prod-qk0"]["spill_bytes"] > 0
 
 
 @pytest.mark.patch
@@ -467,6 +491,33 @@ def test_fp8_split_pass_compiled_for_h200(compiled: dict[str, Any]) -> None:
 
 
 BENCHMARK = worker.BENCH_DIR / "spec_decode_attn.py"
+TILE_MODEL = worker.BENCH_DIR / "rtx3090_tile_model.py"
+
+
+@pytest.mark.patch
+def test_rtx3090_plans_are_the_cost_models_choice(
+    patched_cpu_tree: Path, tmp_path: Path
+) -> None:
+    """benchmarks/rtx3090_tile_model.py over a slice of its grid (32-key tiles, four or eight
+    warps, q = 8; for int8 widened K or two int8 Q.K terms), compiled for sm_86 by this
+    Triton: its choice is the series' sm_86 plan for both families. Should a compiler or
+    kernel change move the spills or the loop, this fails and the model's full grid must
+    be run again (the benchmark doc's command)."""
+    env = {**os.environ, "PYTHONPATH": str(_dist_dir(tmp_path / "dist"))}
+    out = tmp_path / "model.json"
+    proc = subprocess.run(
+        [sys.executable, str(TILE_MODEL), "--tree", str(patched_cpu_tree), "--json", str(out),
+         "--queries", "8", "--tile-n", "32", "--warps", "4,8"],
+        capture_output=True, text=True, timeout=600, check=False, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    families = json.loads(out.read_text())["families"]
+    assert families["int8"]["chosen"] == families["int8"]["production"] == "n32 8w 2s qk2"
+    assert families["bf16"]["chosen"] == families["bf16"]["production"] == "n32 8w 2s"
+    int8 = {p["point"]: p for p in families["int8"]["points"]}
+    # The int8 MMA's points bound the call lower than widened K's (tensor-bound at 64 rows).
+    assert int8["n32 8w 2s qk0"]["worst_slowdown"] > 1.2
+    assert int8["n32 4w 2s qk2"]["spill_bytes"] > 0 == int8["n32 8w 2s qk2"]["spill_bytes"]
 
 
 @pytest.mark.patch

@@ -14,6 +14,7 @@ tree, no subprocess.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from collections.abc import Iterator
@@ -277,6 +278,38 @@ def test_production_plans_are_the_table(sda: Any) -> None:
     cases = {torch.int8: "int8", ref.FP8: "fp8", torch.bfloat16: "16bit"}
     for dtype, family in cases.items():
         assert sda.kv_family(torch.zeros(1, dtype=dtype)) == family
+
+
+def test_cards_take_their_own_plans(sda: Any) -> None:
+    """tile_plan: a card's ARCH_TILE_PLANS entry where it has one (sm_86's bf16 and int8),
+    the H200's TILE_PLANS otherwise (fp8 on sm_86; every family on sm_90 and without a
+    CUDA card, as a CPU cache is)."""
+    sm86 = sda.ARCH_TILE_PLANS[(8, 6)]
+    assert set(sm86) == {"16bit", "int8"}
+    assert sda.tile_plan("int8", (8, 6)) == sm86["int8"] != sda.TILE_PLANS["int8"]
+    assert sda.tile_plan("16bit", (8, 6)) == sm86["16bit"] != sda.TILE_PLANS["16bit"]
+    assert sda.tile_plan("fp8", (8, 6)) == sda.TILE_PLANS["fp8"]
+    for family in sda.TILE_PLANS:
+        assert sda.tile_plan(family, (9, 0)) == sda.TILE_PLANS[family]
+        assert sda.tile_plan(family, None) == sda.TILE_PLANS[family]
+    assert sda.cache_tile_plan(torch.zeros(1, dtype=torch.int8)) == sda.TILE_PLANS["int8"]
+    # Two query terms: one misses stock's error (test_int8_qk_matches_reference).
+    assert sm86["int8"].int8_qk == 2 and sm86["int8"].tile_n in TILE_NS
+
+
+@pytest.mark.parametrize("kind", ["int8", "int8/fp16"])
+def test_rtx3090_int8_plan_matches_reference(sda: Any, kind: str) -> None:
+    """The RTX 3090's int8 plan with the widening that card takes (_widen's bit arithmetic
+    for V, use_fast_int8 below sm_90) over the ragged, NaN-tailed batch: within REL_ERR of
+    the float32 reference and as close as the H200's widened-K plan on the same batch."""
+    batch = _batch(kind, seed=120)
+    sm86 = dataclasses.replace(sda.tile_plan("int8", (8, 6)), fast_int8=True)
+    got = _run(sda, batch, sm86, 4)
+    widened = _run(sda, batch, sda.TILE_PLANS["int8"], 4)
+    assert got["tile_n"] == sm86.tile_n, got
+    assert got["unwritten_rows"] == 0 and got["rel_err"] < REL_ERR, got
+    assert got["rel_err"] <= widened["rel_err"] * INT8_QK_SAME, (got, widened)
+    assert not torch.equal(got["out"], widened["out"])  # Q.K did take the int8 MMA
 
 
 # TilePlan.k_align8: 8-byte K copies (the layout's K rows are 8-byte aligned; see the

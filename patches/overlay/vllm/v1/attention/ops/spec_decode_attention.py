@@ -28,6 +28,7 @@
 # write the same partials. The launch planner, which decides from shapes only,
 # is spec_decode_attention_plan.py.
 
+import functools
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
@@ -52,6 +53,7 @@ from vllm.v1.attention.ops.spec_decode_attention_plan import (
 # The planner's names stay importable from here, where vLLM's backends and
 # qwen3090's tests and benchmark look for them.
 __all__ = [
+    "ARCH_TILE_PLANS",
     "MAX_BLOCK_M",
     "MAX_SEGMENTS",
     "MIN_SEGMENT_TOKENS",
@@ -61,6 +63,7 @@ __all__ = [
     "SpecDecodeAttention",
     "SpecDecodeWorkspace",
     "TilePlan",
+    "cache_tile_plan",
     "get_workspace",
     "hopper_available",
     "int8_rows_aligned",
@@ -70,6 +73,7 @@ __all__ = [
     "plan_launch",
     "plan_smem",
     "spec_decode_attention",
+    "tile_plan",
     "use_fast_int8",
 ]
 
@@ -174,6 +178,42 @@ TILE_PLANS: dict[str, TilePlan] = {
     "int8": TilePlan(tile_n=32, num_stages=3, k_align8=True),
     "fp8": TilePlan(fp8_qk=True),
 }
+
+# Where a card's own numbers choose other plans than the H200's, by compute
+# capability; families not listed keep TILE_PLANS. sm_86 (the RTX 3090): chosen
+# by qwen3090's benchmarks/rtx3090_tile_model.py, a cost model over the kernels
+# ptxas compiles for sm_86 (not timed on a 3090). A GeForce GA102 SM does four
+# times as many int8 MACs a clock as bf16 FMAs into float32, and from q = 8 (64
+# rows) the tile's MMAs outlast its loads at 936 GB/s, so Q.K on the int8 MMA
+# with two query terms (stock's error; one term misses it) bounds the call 1.33x
+# lower than widened K. Eight warps: at q = 8 these tiles hold one program an
+# SM (99 KiB of shared memory), and eight warps compile without spills at
+# q <= 8 where four spill 240-416 bytes a thread; the model's bounds tie.
+ARCH_TILE_PLANS: dict[tuple[int, int], dict[str, TilePlan]] = {
+    (8, 6): {
+        "16bit": TilePlan(num_warps=8),
+        "int8": TilePlan(tile_n=32, num_warps=8, num_stages=2, int8_qk=2, k_align8=True),
+    },
+}
+
+
+def tile_plan(family: str, capability: tuple[int, int] | None) -> TilePlan:
+    """The production tile plan of a cache family on a card of this compute
+    capability (None: no CUDA card, the H200's plans)."""
+    return ARCH_TILE_PLANS.get(capability or (0, 0), {}).get(family, TILE_PLANS[family])
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return major, minor
+
+
+def cache_tile_plan(key_cache: torch.Tensor) -> TilePlan:
+    """The production tile plan for this cache on the card it lives on."""
+    return tile_plan(kv_family(key_cache), _capability(key_cache.device))
 
 
 def use_fast_int8(tiles: TilePlan, device: torch.device) -> bool:
@@ -886,8 +926,9 @@ def spec_decode_attention(
     (fp8, fp8_e4m3) comes with k_descale and v_descale: float32 [num_seqs,
     num_kv_heads], any strides (TRITON_ATTN expands the layer's scalar); an
     fp8 q (TRITON_ATTN's quantized queries) with its scalar q_descale.
-    tiles: the Triton split pass's tile plan and switches (default: TILE_PLANS
-    for this cache); its plan_launch overrides apply only when plan is None.
+    tiles: the Triton split pass's tile plan and switches (default:
+    cache_tile_plan, TILE_PLANS or the card's ARCH_TILE_PLANS entry); its
+    plan_launch overrides apply only when plan is None.
     """
     if out.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"spec-decode attention writes 16-bit outputs, not {out.dtype}")
@@ -921,7 +962,7 @@ def spec_decode_attention(
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if tiles is None:
-        tiles = TILE_PLANS[kv_family(key_cache)]
+        tiles = cache_tile_plan(key_cache)
     if plan is None:
         plan = plan_for_cache(
             num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,
@@ -1327,7 +1368,7 @@ class SpecDecodeAttention:
             )
             return False
         ws = self.workspace
-        tiles = TILE_PLANS[kv_family(key_cache)]
+        tiles = cache_tile_plan(key_cache)
         for _ in range(8):
             plan = plan_for_cache(
                 num_seqs,
