@@ -149,14 +149,16 @@ def model_us(card: Card, c: Compiled, context: int, segments: int) -> dict[str, 
             "waves": waves, "per_sm": per_sm}
 
 
-# A grid point: the TilePlan fields asked for (tile_n, warps, stages, int8_qk). The planner
-# may shrink the tile at some q to fit 99 KiB, so one point compiles to a kernel a q.
-Point = tuple[int, int, int, int]
+# A grid point: the TilePlan fields asked for (tile_n, warps, stages, int8_qk, max_block_m).
+# The planner may shrink the tile at some q to fit 99 KiB, so one point compiles to a kernel
+# a q.
+Point = tuple[int, int, int, int, int]
 
 
 def point_name(point: Point, kv: str) -> str:
-    tile_n, warps, stages, qk = point
-    return f"n{tile_n} {warps}w {stages}s" + (f" qk{qk}" if kv == "int8" else "")
+    tile_n, warps, stages, qk, max_m = point
+    return (f"n{tile_n} {warps}w {stages}s" + (f" qk{qk}" if kv == "int8" else "")
+            + (f" m<={max_m}" if max_m < MAX_BLOCK_M else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,17 +198,22 @@ def rank(card: Card, kernels: dict[Point, dict[int, Compiled]],
 
 
 # The grid: KV tile keys, warps, stages (two or more: the model has no latency term, so
-# every plan must keep a tile in flight), and for int8 the Q.K mode (one term misses the
-# error bar, so only widened K and two terms).
+# every plan must keep a tile in flight), for int8 the Q.K mode (one term misses the error
+# bar, so only widened K and two terms), and the query tile's largest row count.
 GRID_TILE_N = (16, 32, 64)
 GRID_WARPS = (4, 8)
 GRID_STAGES = (2, 3)
 GRID_INT8_QK = (0, 2)
+# The query tile's rows: the planner's (up to 128), or at most 64 (q = 16 then takes two
+# tiles, each reading the KV again, and the 64-row kernel's registers).
+MAX_BLOCK_M = 128
+GRID_MAX_BLOCK_M = (MAX_BLOCK_M, 64)
 
 
 def compile_grid(kv: str, queries: tuple[int, ...], workdir: Path,
                  tile_ns: tuple[int, ...] = GRID_TILE_N,
-                 warps_list: tuple[int, ...] = GRID_WARPS) -> dict[Point, dict[int, Compiled]]:
+                 warps_list: tuple[int, ...] = GRID_WARPS,
+                 max_ms: tuple[int, ...] = GRID_MAX_BLOCK_M) -> dict[Point, dict[int, Compiled]]:
     """Every grid point at each q, as the planner plans it for a 3090 (tiles shrunk to fit
     99 KiB where they must be), compiled for sm_86 with the switches a 3090 launch gets.
     Points that shrink to another point's kernel at every q are left out."""
@@ -225,12 +232,13 @@ def compile_grid(kv: str, queries: tuple[int, ...], workdir: Path,
     cache: dict[tuple[int, ...], Compiled] = {}
     grid: dict[Point, dict[int, Compiled]] = {}
     qks = GRID_INT8_QK if kv == "int8" else (0,)
-    for point in itertools.product(tile_ns, warps_list, GRID_STAGES, qks):
-        tile_n, warps, stages, qk = point
+    for point in itertools.product(tile_ns, warps_list, GRID_STAGES, qks, max_ms):
+        tile_n, warps, stages, qk, max_m = point
         by_q: dict[int, Compiled] = {}
         for q in queries:
             plan = sda.plan_launch(1, q, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
-                                   tile_n=tile_n, num_warps=warps, num_stages=stages)
+                                   tile_n=tile_n, num_warps=warps, num_stages=stages,
+                                   max_block_m=max_m)
             key = (q, plan.block_m, plan.tile_n, warps, plan.num_stages, qk)
             if key not in cache:
                 compiled = worker.compile_triton_split(
@@ -260,7 +268,8 @@ def production_point(kv: str) -> Point:
 
     sda = importlib.import_module(worker.SDA_MODULE)
     tiles = sda.tile_plan("int8" if kv == "int8" else "16bit", (8, 6))
-    return (tiles.tile_n or 32, tiles.num_warps or 4, tiles.num_stages or 2, tiles.int8_qk)
+    return (tiles.tile_n or 32, tiles.num_warps or 4, tiles.num_stages or 2, tiles.int8_qk,
+            tiles.max_block_m or MAX_BLOCK_M)
 
 
 def main() -> int:
@@ -272,6 +281,7 @@ def main() -> int:
     parser.add_argument("--tile-n", default=",".join(map(str, GRID_TILE_N)),
                         help="a smaller grid (the tests')")
     parser.add_argument("--warps", default=",".join(map(str, GRID_WARPS)))
+    parser.add_argument("--max-block-m", default=",".join(map(str, GRID_MAX_BLOCK_M)))
     args = parser.parse_args()
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.pop("TRITON_INTERPRET", None)
@@ -282,7 +292,8 @@ def main() -> int:
     for kv in args.kv.split(","):
         grid = compile_grid(kv, queries, workdir,
                             tuple(int(x) for x in args.tile_n.split(",")),
-                            tuple(int(x) for x in args.warps.split(",")))
+                            tuple(int(x) for x in args.warps.split(",")),
+                            tuple(int(x) for x in args.max_block_m.split(",")))
         ranked = rank(RTX3090, grid, CONTEXTS)
         prod = production_point(kv)
         out["families"][kv] = {

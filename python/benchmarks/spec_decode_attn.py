@@ -515,6 +515,11 @@ def sweep8_configs(sda: Any, kv: str, q: int, ws: Any, switches: list[str] | Non
     for name, switch in SWEEP8_SWITCHES.get(kv, {}).items():
         if switches is None or name in switches:
             named.append((f"production+{name}", dataclasses.replace(production, **switch)))
+    if kv == "int8" and (switches is None or "rtx3090" in switches):
+        # The RTX 3090's own plan with the widening that card takes: its arithmetic at full
+        # shape on whatever GPU runs the sweep (no 3090 has run it).
+        named.append(("rtx3090 plan", dataclasses.replace(sda.tile_plan("int8", (8, 6)),
+                                                          fast_int8=True)))
     grid_switches: dict[str, dict[str, bool | int]] = {"": {}}
     for name, switch in SWEEP8_GRID_SWITCHES.get(kv, {}).items():
         grid_switches[f"+{name}"] = switch

@@ -404,22 +404,23 @@ def test_rtx3090_plans_compiled_for_sm86(compiled: dict[str, Any]) -> None:
     """The RTX 3090's own tile plans (ARCH_TILE_PLANS[(8, 6)], chosen by
     benchmarks/rtx3090_tile_model.py), compiled for sm_86 as a launch on the card gets them:
     eight warps, and for int8 caches Q.K on the int8 mma.sync (two query terms: two int8
-    MMAs for each 16-bit one P.V keeps). They fit 99 KiB, and at q = 4 and 8 nothing
-    spills, where the H200's plans compiled for sm_86 (four warps there) spill at q = 8.
-    q = 16's 128-row tile still spills on sm_86 with either plan (the model's table)."""
+    MMAs for each 16-bit one P.V keeps) in query tiles of at most 64 rows. They fit 99 KiB,
+    and nothing spills but bf16's 128-row tile at q = 16, where the H200's plans compiled
+    for sm_86 (four warps at q = 8) spill at q = 8 and int8's 128-row tile at q = 16."""
     for q in (4, 8, 16):
         for kv in ("bf16", "int8"):
             row = compiled[f"rtx3090/q{q}/archprod-{kv}"]
             assert row["kernel"] == "triton" and row["num_warps"] == 8, row
             assert row["shared"] <= row["smem_estimate"] <= row["smem_limit"] == 99 << 10, row
             assert row["regs"] is not None and row["byte_loads"] == 0, row
-            if q <= 8:
-                assert row["spill_bytes"] == 0, row
+            assert (row["spill_bytes"] == 0) is (kv == "int8" or q <= 8), row
         int8 = compiled[f"rtx3090/q{q}/archprod-int8"]
         assert int8["int8_qk"] == 2 and int8["s8_mma"] > 0, int8
         assert int8["mma_sync"] - int8["s8_mma"] > 0, int8  # P.V on the 16-bit MMA
+        assert int8["block_m"] == min(64, compiled[f"rtx3090/q{q}/int8"]["block_m"]), int8
     assert compiled["rtx3090/q8"]["spill_bytes"] > 0  # the H200-derived plan, four warps
     assert compiled["rtx3090/q8/int8prod-qk0"]["spill_bytes"] > 0
+    assert compiled["rtx3090/q16/int8"]["spill_bytes"] > 0  # its 128-row tile
 
 
 @pytest.mark.patch
@@ -499,25 +500,30 @@ def test_rtx3090_plans_are_the_cost_models_choice(
     patched_cpu_tree: Path, tmp_path: Path
 ) -> None:
     """benchmarks/rtx3090_tile_model.py over a slice of its grid (32-key tiles, four or eight
-    warps, q = 8; for int8 widened K or two int8 Q.K terms), compiled for sm_86 by this
-    Triton: its choice is the series' sm_86 plan for both families. Should a compiler or
-    kernel change move the spills or the loop, this fails and the model's full grid must
-    be run again (the benchmark doc's command)."""
+    warps, query tiles of up to 128 or 64 rows, q = 8 and 16; for int8 widened K or two
+    int8 Q.K terms), compiled for sm_86 by this Triton: its choice is the series' sm_86
+    plan for both families. Should a compiler or kernel change move the spills or the
+    loop, this fails and the model's full grid must be run again (the benchmark doc's
+    command)."""
     env = {**os.environ, "PYTHONPATH": str(_dist_dir(tmp_path / "dist"))}
     out = tmp_path / "model.json"
     proc = subprocess.run(
         [sys.executable, str(TILE_MODEL), "--tree", str(patched_cpu_tree), "--json", str(out),
-         "--queries", "8", "--tile-n", "32", "--warps", "4,8"],
+         "--queries", "8,16", "--tile-n", "32", "--warps", "4,8", "--max-block-m", "128,64"],
         capture_output=True, text=True, timeout=600, check=False, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     families = json.loads(out.read_text())["families"]
-    assert families["int8"]["chosen"] == families["int8"]["production"] == "n32 8w 2s qk2"
+    assert families["int8"]["chosen"] == families["int8"]["production"] == (
+        "n32 8w 2s qk2 m<=64")
     assert families["bf16"]["chosen"] == families["bf16"]["production"] == "n32 8w 2s"
     int8 = {p["point"]: p for p in families["int8"]["points"]}
     # The int8 MMA's points bound the call lower than widened K's (tensor-bound at 64 rows).
-    assert int8["n32 8w 2s qk0"]["worst_slowdown"] > 1.2
-    assert int8["n32 4w 2s qk2"]["spill_bytes"] > 0 == int8["n32 8w 2s qk2"]["spill_bytes"]
+    assert int8["n32 8w 2s qk0 m<=64"]["worst_slowdown"] > 1.2
+    # Tied on the bound, the chosen point is the one that spills nothing.
+    assert int8["n32 8w 2s qk2"]["worst_slowdown"] == pytest.approx(1.0)
+    assert int8["n32 8w 2s qk2"]["spill_bytes"] > 0 == int8["n32 8w 2s qk2 m<=64"]["spill_bytes"]
+    assert int8["n32 4w 2s qk2 m<=64"]["spill_bytes"] > 0
 
 
 @pytest.mark.patch
@@ -773,20 +779,23 @@ def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     grid = {"tile_n=32 num_warps=4 num_stages=2", "tile_n=64 num_warps=4 num_stages=2"}
     # On the CPU the production int8 plan takes Triton's cast, widens K and copies K 8 bytes
     # at a time, so "+cast", "+widened" and "+k8" are the same launch as it, and "+n16+k8"
-    # as "+n16". The int8 grid is timed again with K copied 4 bytes at a time.
+    # as "+n16". The int8 grid is timed again with K copied 4 bytes at a time. The RTX
+    # 3090's plan is timed beside them (its arithmetic at full shape on an H200).
     assert configs["int8"] == {"production", "production+bits", "production+int8qk1",
                                "production+int8qk2", "production+rows4",
-                               "production+n16"} | grid | {f"{g}+rows4" for g in grid}, configs
+                               "production+n16", "rtx3090 plan"} | grid | {
+                                   f"{g}+rows4" for g in grid}, configs
     # The production fp8 plan takes the fp8 MMA, so "+fp8qk" is the same launch; "+widened"
     # is the alternative it is measured against.
     assert configs["fp8"] == {"production", "production+widened"} | grid, configs
     for r in rows:
         assert r["ok"] and r["unwritten"] == 0 and r["rel_err"] < INT8_REL_ERR, r
         assert r["us"] > 0 and r["split_us"] > 0 and r["reduce_us"] >= 0, r
-        assert r["fast_int8"] == (r["config"] == "production+bits" if r["kv"] == "int8"
-                                  else None), r
+        assert r["fast_int8"] == (r["config"] in ("production+bits", "rtx3090 plan")
+                                  if r["kv"] == "int8" else None), r
         int8_qk = (1 if r["config"] == "production+int8qk1"
-                   else 2 if r["config"].endswith("+int8qk2") else 0)
+                   else 2 if r["config"].endswith("+int8qk2") or r["config"] == "rtx3090 plan"
+                   else 0)
         assert r["int8_qk"] == (int8_qk if r["kv"] == "int8" else None), r
         k8 = not r["config"].endswith("+rows4")
         assert r["k_align8"] == (k8 if r["kv"] == "int8" else None), r

@@ -86,11 +86,12 @@ def test_ranking_prefers_the_lower_bound_then_no_spills(model: ModuleType) -> No
     qk2 = {8: _kernel(model, int8_qk=2, loop_insts=1000)}
     qk2_slow_issue = {8: _kernel(model, int8_qk=2, loop_insts=1400)}
     ranked = model.rank(model.RTX3090, {
-        (32, 8, 2, 0): widened, (32, 4, 2, 2): qk2_spills, (32, 8, 2, 2): qk2,
-        (16, 8, 2, 2): qk2_slow_issue}, (16384, 131072))
-    assert [r.point for r in ranked] == [(32, 8, 2, 2), (16, 8, 2, 2), (32, 4, 2, 2),
-                                         (32, 8, 2, 0)]
+        (32, 8, 2, 0, 128): widened, (32, 4, 2, 2, 128): qk2_spills, (32, 8, 2, 2, 128): qk2,
+        (16, 8, 2, 2, 128): qk2_slow_issue}, (16384, 131072))
+    assert [r.point for r in ranked] == [(32, 8, 2, 2, 128), (16, 8, 2, 2, 128), (32, 4, 2, 2, 128),
+                                         (32, 8, 2, 0, 128)]
     assert ranked[0].worst_slowdown == pytest.approx(1.0)
     assert ranked[-1].worst_slowdown == pytest.approx(4096 / 3072)
-    assert model.point_name((32, 8, 2, 2), "int8") == "n32 8w 2s qk2"
-    assert model.point_name((32, 8, 2, 0), "bf16") == "n32 8w 2s"
+    assert model.point_name((32, 8, 2, 2, 128), "int8") == "n32 8w 2s qk2"
+    assert model.point_name((32, 8, 2, 0, 128), "bf16") == "n32 8w 2s"
+    assert model.point_name((32, 8, 2, 2, 64), "int8") == "n32 8w 2s qk2 m<=64"

@@ -295,3 +295,23 @@ def test_only_kernels_go_unannotated(name: str) -> None:
         annotated = node.returns is not None and all(a.annotation is not None for a in args)
         if not jit:
             assert annotated, f"{name}.{node.name} (line {node.lineno}) is not annotated"
+
+
+def test_max_block_m_caps_the_query_tile() -> None:
+    """max_block_m (the RTX 3090's int8 plan says 64): a verify block of more rows takes
+    more query tiles, a smaller one keeps its own tile; the cap is a power of two of at
+    least 16 rows, or refused."""
+    ws = _shape(82, 99 << 10, False)
+    q16 = plan.plan_launch(1, 16, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
+                           max_block_m=64)
+    assert (q16.block_m, q16.block_q, q16.q_tiles) == (64, 10, 2), q16
+    assert q16.split_grid[0] == 2
+    uncapped = plan.plan_launch(1, 16, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton")
+    assert (uncapped.block_m, uncapped.q_tiles) == (128, 1), uncapped
+    q4 = plan.plan_launch(1, 4, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
+                          max_block_m=64)
+    assert (q4.block_m, q4.q_tiles) == (32, 1), q4
+    for bad in (8, 48, 0):
+        with pytest.raises(ValueError, match="max_block_m must be a power of two >= 16"):
+            plan.plan_launch(1, 16, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
+                             max_block_m=bad)

@@ -137,6 +137,7 @@ def _run(sda: Any, batch: ref.PagedBatch, tiles: Any, segments: int | None) -> d
     result["out"] = out
     result["tile_n"] = plan.tile_n
     result["segments"] = plan.num_segments
+    result["q_tiles"] = plan.q_tiles
     return result
 
 
@@ -310,6 +311,13 @@ def test_rtx3090_int8_plan_matches_reference(sda: Any, kind: str) -> None:
     assert got["unwritten_rows"] == 0 and got["rel_err"] < REL_ERR, got
     assert got["rel_err"] <= widened["rel_err"] * INT8_QK_SAME, (got, widened)
     assert not torch.equal(got["out"], widened["out"])  # Q.K did take the int8 MMA
+    # Its query tiles of at most 64 rows, here capped at 32 so that the 8-token request
+    # (48 rows) takes two: the same result to rounding.
+    assert sm86.max_block_m == 64
+    two_tiles = _run(sda, batch, dataclasses.replace(sm86, max_block_m=32), 4)
+    assert two_tiles["q_tiles"] == 2 and got["q_tiles"] == 1, (two_tiles, got)
+    assert two_tiles["unwritten_rows"] == 0 and two_tiles["rel_err"] < REL_ERR, two_tiles
+    assert two_tiles["rel_err"] <= widened["rel_err"] * INT8_QK_SAME, two_tiles
 
 
 # TilePlan.k_align8: 8-byte K copies (the layout's K rows are 8-byte aligned; see the

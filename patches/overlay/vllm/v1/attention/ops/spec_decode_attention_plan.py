@@ -217,10 +217,13 @@ def plan_launch(
     block_m: int | None = None,
     bt_lookahead: int | None = None,
     kernel: str | None = None,
+    max_block_m: int | None = None,
 ) -> LaunchPlan:
     """Choose tiles and segments from shapes only (never from context lengths,
     which a captured graph does not see change). Defaults come from an H200
-    sweep (python/benchmarks/spec_decode_attn.md in qwen3090)."""
+    sweep (python/benchmarks/spec_decode_attn.md in qwen3090). max_block_m
+    caps the Triton split pass's query tile (rows) where block_m is left to
+    the planner: a longer verify block then takes more query tiles."""
     g = num_heads // num_kv_heads
     if kernel is None:
         kernel = (
@@ -238,8 +241,10 @@ def plan_launch(
         )
     if kernel != "triton":
         raise ValueError(f"kernel must be 'triton' or 'hopper', not {kernel!r}")
+    if max_block_m is not None and (max_block_m < 16 or max_block_m & (max_block_m - 1)):
+        raise ValueError(f"max_block_m must be a power of two >= 16, got {max_block_m}")
     if block_m is None:
-        block_m = min(MAX_BLOCK_M, _next_pow2(max_query_len * g))
+        block_m = min(max_block_m or MAX_BLOCK_M, _next_pow2(max_query_len * g))
     block_m = max(16, block_m, _next_pow2(g))
     block_q = block_m // g
     q_tiles = -(-max_query_len // block_q)
