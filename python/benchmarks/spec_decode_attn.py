@@ -762,7 +762,7 @@ def main() -> int:
                         "listed as skipped")
     parser.add_argument("--sweep-8bit-switches", default=None,
                         help="comma-separated SWEEP8_SWITCHES to time with the production "
-                        "plan (default: all)")
+                        "plan, and 'rtx3090' for the RTX 3090's int8 plan (default: all)")
     parser.add_argument("--sweep-8bit-no-grid", action="store_true",
                         help="--sweep-8bit times the production plan and its switches only")
     parser.add_argument("--variants", action="store_true",
@@ -845,6 +845,8 @@ def main() -> int:
         switches8 = (None if args.sweep_8bit_switches is None
                      else [n for n in args.sweep_8bit_switches.split(",") if n])
         known = {n for kv in kvs8 for n in SWEEP8_SWITCHES.get(kv, {})}
+        if "int8" in kvs8:
+            known.add("rtx3090")  # the RTX 3090's own int8 plan (sweep8_configs)
         if switches8 is not None and set(switches8) - known:
             parser.error(f"--sweep-8bit-switches: unknown {sorted(set(switches8) - known)}; "
                          f"choose from {', '.join(sorted(known))}")
