@@ -9,8 +9,8 @@ that runs once a KV tile (tests/support/sass_loops.py; spill loads and stores ar
 model then bounds the call from below, per context and segment count, by three rates of the
 card (NVIDIA's GA102 figures for the RTX 3090):
 
-- DRAM: the cache's bytes, once per query tile, plus the partial outputs written and read
-  back, at 936 GB/s;
+- DRAM: the cache's bytes, once per query tile, plus the partial outputs written, at
+  936 GB/s;
 - tensor cores, per SM: Q.K and P.V MMAs of the tile's padded rows. A GeForce GA102 SM does
   256 bf16 FMAs a clock into float32, and 1,024 int8 MACs into int32 (71 and 284 TOPS at
   82 SMs and 1.695 GHz): Q.K on the int8 MMA with two query terms costs half of Q.K on
@@ -19,11 +19,12 @@ card (NVIDIA's GA102 figures for the RTX 3090):
 
 Programs an SM holds follow from shared memory (100 KiB an SM, 1 KiB of it reserved a block),
 registers (64 Ki an SM, allocated 256 a warp), threads (1,536) and blocks (16); the SM-bound
-terms run in waves of that many programs an SM over 82 SMs. A plan's time at a context is the
-larger of the DRAM time and the busiest SM's time. Not modelled: latency (every plan keeps
-two or more stages in flight), L2 hits, clocks below boost, and the reduce pass's fixed cost
-(the same for every plan). The figures rank plans; they are not a prediction of a 3090's
-microseconds.
+terms run in waves of that many programs an SM over 82 SMs, the KV split as the planner sizes
+it (its own rule, or told how many programs an SM holds). A plan's time at a context is the
+larger of the DRAM time and the busiest SM's time, plus the reduce pass reading the partials
+back from DRAM. Not modelled: latency (every plan keeps two or more stages in flight), L2
+hits, clocks below boost, and the reduce pass's fixed cost (the same for every plan). The
+figures rank plans; they are not a prediction of a 3090's microseconds.
 
 The chosen plan per (cache, q) is the one with the smallest worst slowdown over the contexts
 against the best plan at each (the rule the H200's 8-bit sweep used: the planner never sees
@@ -129,8 +130,8 @@ def model_us(card: Card, c: Compiled, context: int, segments: int) -> dict[str, 
     tensor and issue time, and their max."""
     per_sm = residency(card, c.shared, c.regs, c.num_warps)
     if per_sm == 0:
-        return {"dram": math.inf, "tensor": math.inf, "issue": math.inf, "total": math.inf,
-                "serial": math.inf, "waves": 0, "per_sm": 0}
+        return {"dram": math.inf, "tensor": math.inf, "issue": math.inf, "reduce": math.inf,
+                "total": math.inf, "serial": math.inf, "waves": 0, "per_sm": 0}
     programs = c.q_tiles * KV_HEADS * segments
     waves = -(-programs // (card.sms * per_sm))
     # Programs on the busiest SM at once (fewer than per_sm when the grid is small).
@@ -140,25 +141,30 @@ def model_us(card: Card, c: Compiled, context: int, segments: int) -> dict[str, 
     tensor = waves * tiles * on_sm * tensor_clocks_per_tile(card, c) / clock
     issue = waves * tiles * on_sm * c.loop_insts * c.num_warps / card.issue_per_clk / clock
     kv_bytes = context * KV_HEADS * TOKEN_HEAD_BYTES[c.kv] * c.q_tiles
-    partial_bytes = 2 * c.q * HEADS * segments * PARTIAL_BYTES if segments > 1 else 0
+    partial_bytes = c.q * HEADS * segments * PARTIAL_BYTES if segments > 1 else 0
+    # The split pass writes the partials; the reduce pass, a kernel of its own after it,
+    # reads them back (L2, 6 MB on a 3090, is not modelled).
     dram = (kv_bytes + partial_bytes) / (card.dram_gbs * 1e3)
+    reduce = partial_bytes / (card.dram_gbs * 1e3)
     # "total" lets the SM's tensor and issue time overlap fully (a lower bound);
     # "serial" adds them (what a loop that waits on each MMA would take).
-    return {"dram": dram, "tensor": tensor, "issue": issue,
-            "total": max(dram, tensor, issue), "serial": max(dram, tensor + issue),
+    return {"dram": dram, "tensor": tensor, "issue": issue, "reduce": reduce,
+            "total": max(dram, tensor, issue) + reduce,
+            "serial": max(dram, tensor + issue) + reduce,
             "waves": waves, "per_sm": per_sm}
 
 
-# A grid point: the TilePlan fields asked for (tile_n, warps, stages, int8_qk, max_block_m).
-# The planner may shrink the tile at some q to fit 99 KiB, so one point compiles to a kernel
-# a q.
-Point = tuple[int, int, int, int, int]
+# A grid point: the TilePlan fields asked for (tile_n, warps, stages, int8_qk, max_block_m,
+# programs_per_sm; 0: the planner's rule). The planner may shrink the tile at some q to fit
+# 99 KiB, so one point compiles to a kernel a q.
+Point = tuple[int, int, int, int, int, int]
 
 
 def point_name(point: Point, kv: str) -> str:
-    tile_n, warps, stages, qk, max_m = point
+    tile_n, warps, stages, qk, max_m, per_sm = point
     return (f"n{tile_n} {warps}w {stages}s" + (f" qk{qk}" if kv == "int8" else "")
-            + (f" m<={max_m}" if max_m < MAX_BLOCK_M else ""))
+            + (f" m<={max_m}" if max_m < MAX_BLOCK_M else "")
+            + (f" {per_sm}/SM" if per_sm else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +214,10 @@ GRID_INT8_QK = (0, 2)
 # tiles, each reading the KV again, and the 64-row kernel's registers).
 MAX_BLOCK_M = 128
 GRID_MAX_BLOCK_M = (MAX_BLOCK_M, 64)
+# The programs an SM holds, as the planner sizes the KV split for one wave: its own rule
+# (two below 128 rows, made for an H200's shared memory) or one (what 99 KiB leaves most
+# 3090 kernels). Segments do not change the loop, so both share one compiled kernel.
+GRID_PROGRAMS_PER_SM = (0, 1)
 
 
 def compile_grid(kv: str, queries: tuple[int, ...], workdir: Path,
@@ -232,13 +242,18 @@ def compile_grid(kv: str, queries: tuple[int, ...], workdir: Path,
     cache: dict[tuple[int, ...], Compiled] = {}
     grid: dict[Point, dict[int, Compiled]] = {}
     qks = GRID_INT8_QK if kv == "int8" else (0,)
-    for point in itertools.product(tile_ns, warps_list, GRID_STAGES, qks, max_ms):
-        tile_n, warps, stages, qk, max_m = point
+    for point in itertools.product(tile_ns, warps_list, GRID_STAGES, qks, max_ms,
+                                   GRID_PROGRAMS_PER_SM):
+        tile_n, warps, stages, qk, max_m, per_sm = point
         by_q: dict[int, Compiled] = {}
         for q in queries:
             plan = sda.plan_launch(1, q, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
                                    tile_n=tile_n, num_warps=warps, num_stages=stages,
                                    max_block_m=max_m)
+            segments = sda.plan_launch(1, q, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
+                                       tile_n=tile_n, num_warps=warps, num_stages=stages,
+                                       max_block_m=max_m,
+                                       programs_per_sm=per_sm or None).num_segments
             key = (q, plan.block_m, plan.tile_n, warps, plan.num_stages, qk)
             if key not in cache:
                 compiled = worker.compile_triton_split(
@@ -255,7 +270,7 @@ def compile_grid(kv: str, queries: tuple[int, ...], workdir: Path,
                 k = cache[key]
                 print(f"{kv} q={q} {k.name}: shared {k.shared}, regs {k.regs}, spilled "
                       f"{k.spill_bytes} B, loop {k.loop_insts} insts", flush=True)
-            by_q[q] = cache[key]
+            by_q[q] = dataclasses.replace(cache[key], num_segments=segments)
         if any(by_q == other for other in grid.values()):
             continue  # shrunk to an earlier point's kernels everywhere
         grid[point] = by_q
@@ -269,7 +284,7 @@ def production_point(kv: str) -> Point:
     sda = importlib.import_module(worker.SDA_MODULE)
     tiles = sda.tile_plan("int8" if kv == "int8" else "16bit", (8, 6))
     return (tiles.tile_n or 32, tiles.num_warps or 4, tiles.num_stages or 2, tiles.int8_qk,
-            tiles.max_block_m or MAX_BLOCK_M)
+            tiles.max_block_m or MAX_BLOCK_M, tiles.programs_per_sm or 0)
 
 
 def main() -> int:

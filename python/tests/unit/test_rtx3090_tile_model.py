@@ -58,21 +58,33 @@ def test_tensor_clocks_on_a_geforce_ga102(model: ModuleType) -> None:
 
 def test_dram_or_the_sm_bounds_the_call(model: ModuleType) -> None:
     card = model.RTX3090
-    # q = 4 in 32 rows: the cache's bytes over 936 GB/s bound it (16k: 36.4 us + partials).
+    # q = 4 in 32 rows: the cache's bytes over 936 GB/s bound the split (16k: 36.4 us plus
+    # the partials it writes); the reduce pass reads the partials back after it.
     small = _kernel(model, q=4, block_m=32, int8_qk=2, loop_insts=100)
     t = model.model_us(card, small, 16384, 32)
-    assert t["total"] == t["dram"] > t["tensor"]
-    assert t["dram"] == pytest.approx((16384 * 4 * 520 + 2 * 4 * 24 * 32 * 258 * 4) / 936e3)
+    partials = 4 * 24 * 32 * 258 * 4
+    assert t["dram"] == pytest.approx((16384 * 4 * 520 + partials) / 936e3)
+    assert t["dram"] > t["tensor"]
+    assert t["reduce"] == pytest.approx(partials / 936e3)
+    assert t["total"] == pytest.approx(t["dram"] + t["reduce"])
+    # One segment: no partials, no reduce pass.
+    assert model.model_us(card, small, 16384, 1)["reduce"] == 0
     # q = 8 in 64 rows, K widened: 128 programs on 82 SMs, one each, is two waves of 16
     # tiles of 4,096 clocks at 1.695 GHz.
     big = _kernel(model)
     t = model.model_us(card, big, 16384, 32)
     assert t["waves"] == 2 and t["per_sm"] == 1
-    assert t["total"] == t["tensor"] == pytest.approx(2 * 16 * 4096 / 1695)
+    assert t["tensor"] == pytest.approx(2 * 16 * 4096 / 1695)
+    assert t["total"] == pytest.approx(t["tensor"] + t["reduce"])
+    # Half the segments: one wave of twice the tiles, the same MMA time, half the partials.
+    half = model.model_us(card, big, 16384, 16)
+    assert half["waves"] == 1 and half["tensor"] == pytest.approx(t["tensor"])
+    assert half["reduce"] == pytest.approx(t["reduce"] / 2)
     # Issue: 8 warps x 1,000 instructions at 4 a clock is 2,000 clocks a tile, under the
     # MMAs' 4,096 overlapped, on top of them in series.
     t = model.model_us(card, dataclasses.replace(big, loop_insts=1000), 16384, 32)
-    assert t["total"] == t["tensor"] and t["serial"] == pytest.approx(2 * 16 * 6096 / 1695)
+    assert t["total"] == pytest.approx(t["tensor"] + t["reduce"])
+    assert t["serial"] == pytest.approx(2 * 16 * 6096 / 1695 + t["reduce"])
     # A kernel that does not fit is never chosen.
     assert model.model_us(card, _kernel(model, shared=200_000), 16384, 32)["total"] == float(
         "inf")
@@ -85,13 +97,17 @@ def test_ranking_prefers_the_lower_bound_then_no_spills(model: ModuleType) -> No
     qk2_spills = {8: _kernel(model, int8_qk=2, num_warps=4, spill_bytes=416, loop_insts=900)}
     qk2 = {8: _kernel(model, int8_qk=2, loop_insts=1000)}
     qk2_slow_issue = {8: _kernel(model, int8_qk=2, loop_insts=1400)}
-    ranked = model.rank(model.RTX3090, {
-        (32, 8, 2, 0, 128): widened, (32, 4, 2, 2, 128): qk2_spills, (32, 8, 2, 2, 128): qk2,
-        (16, 8, 2, 2, 128): qk2_slow_issue}, (16384, 131072))
-    assert [r.point for r in ranked] == [(32, 8, 2, 2, 128), (16, 8, 2, 2, 128), (32, 4, 2, 2, 128),
-                                         (32, 8, 2, 0, 128)]
+    a, b, c, d = ((32, 8, 2, 0, 128, 0), (32, 4, 2, 2, 128, 0), (32, 8, 2, 2, 128, 0),
+                  (16, 8, 2, 2, 128, 0))
+    ranked = model.rank(model.RTX3090, {a: widened, b: qk2_spills, c: qk2, d: qk2_slow_issue},
+                        (16384, 131072))
+    assert [r.point for r in ranked] == [c, d, b, a]
     assert ranked[0].worst_slowdown == pytest.approx(1.0)
-    assert ranked[-1].worst_slowdown == pytest.approx(4096 / 3072)
-    assert model.point_name((32, 8, 2, 2, 128), "int8") == "n32 8w 2s qk2"
-    assert model.point_name((32, 8, 2, 0, 128), "bf16") == "n32 8w 2s"
-    assert model.point_name((32, 8, 2, 2, 64), "int8") == "n32 8w 2s qk2 m<=64"
+    reduce = model.model_us(model.RTX3090, qk2[8], 131072, 32)["reduce"]
+    tiles = 131072 // (32 * 32)
+    assert ranked[-1].worst_slowdown == pytest.approx(
+        (2 * tiles * 4096 / 1695 + reduce) / (2 * tiles * 3072 / 1695 + reduce))
+    assert model.point_name((32, 8, 2, 2, 128, 0), "int8") == "n32 8w 2s qk2"
+    assert model.point_name((32, 8, 2, 0, 128, 0), "bf16") == "n32 8w 2s"
+    assert model.point_name((32, 8, 2, 2, 64, 0), "int8") == "n32 8w 2s qk2 m<=64"
+    assert model.point_name((32, 8, 2, 2, 64, 1), "int8") == "n32 8w 2s qk2 m<=64 1/SM"

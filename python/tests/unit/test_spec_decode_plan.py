@@ -315,3 +315,21 @@ def test_max_block_m_caps_the_query_tile() -> None:
         with pytest.raises(ValueError, match="max_block_m must be a power of two >= 16"):
             plan.plan_launch(1, 16, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
                              max_block_m=bad)
+
+
+def test_programs_per_sm_sizes_the_split() -> None:
+    """programs_per_sm (the RTX 3090's plans say 1): the KV split is sized to one wave of
+    that many programs an SM, where the planner's own rule assumes two below 128 rows."""
+    ws = _shape(82, 99 << 10, False)
+    own = plan.plan_launch(1, 8, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton")
+    one = plan.plan_launch(1, 8, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
+                           programs_per_sm=1)
+    assert (own.num_segments, one.num_segments) == (32, 16), (own, one)
+    assert one.split_grid == (1, KV_HEADS, 16) and one.reduce_grid == (8, HEADS)
+    # Four requests: 16 programs before any split; one wave of 82 leaves 4 segments each.
+    four = plan.plan_launch(4, 8, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
+                            programs_per_sm=1)
+    assert four.num_segments == 4, four
+    with pytest.raises(ValueError, match="programs_per_sm must be >= 1"):
+        plan.plan_launch(1, 8, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",
+                         programs_per_sm=0)

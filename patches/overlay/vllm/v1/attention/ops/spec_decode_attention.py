@@ -114,7 +114,9 @@ class TilePlan:
     tile_n: keys per chunk (the kernel's TILE_N); num_warps, num_stages: the
     launch's; num_segments: the KV split (a power of two); max_block_m: the
     largest query tile in rows (a longer verify block takes more tiles, each
-    reading the segment's KV again); fast_int8: widen int8
+    reading the segment's KV again); programs_per_sm: the split programs an
+    SM holds, which sizes the KV split (None: the planner's rule, two below
+    128 rows); fast_int8: widen int8
     tiles with _widen's float32 bit arithmetic instead of Triton's cast (None: only
     where that cast is a conversion instruction, see use_fast_int8); fp8_qk: Q.K
     as an fp8 MMA when q and K are both e4m3 (per-tensor fp8 caches with
@@ -135,6 +137,7 @@ class TilePlan:
     num_stages: int | None = None
     num_segments: int | None = None
     max_block_m: int | None = None
+    programs_per_sm: int | None = None
     fast_int8: bool | None = None
     fp8_qk: bool = False
     int8_qk: int = 0
@@ -150,7 +153,7 @@ class TilePlan:
     def plan_overrides(self) -> dict[str, int]:
         fields = {"tile_n": self.tile_n, "num_warps": self.num_warps,
                   "num_stages": self.num_stages, "num_segments": self.num_segments,
-                  "max_block_m": self.max_block_m}
+                  "max_block_m": self.max_block_m, "programs_per_sm": self.programs_per_sm}
         return {k: v for k, v in fields.items() if v is not None}
 
 
@@ -193,15 +196,17 @@ TILE_PLANS: dict[str, TilePlan] = {
 # lower than widened K. Eight warps: at q = 8 these tiles hold one program an
 # SM (99 KiB of shared memory), and eight warps compile without spills at
 # q <= 8 where four spill 240-416 bytes a thread; the model's bounds tie.
-# int8 query tiles of at most 64 rows: q = 16 takes two, reading the KV twice
-# (still under the MMA bound) with the 64-row kernel, which does not spill
-# where the 128-row one spills 528 bytes. For bf16 the second read puts q = 16
-# at 16k over the bound, so bf16 keeps 128-row tiles.
+# Query tiles of at most 64 rows: q = 16 takes two, reading the KV twice
+# (under the MMA bound) with the 64-row kernel, which does not spill where the
+# 128-row one spills 248 (bf16) or 528 bytes (int8). One program an SM (what
+# these kernels' shared memory and registers allow): the KV split is sized to
+# one wave of those, half the segments of the planner's rule, and the reduce
+# pass reads half the partials back.
 ARCH_TILE_PLANS: dict[tuple[int, int], dict[str, TilePlan]] = {
     (8, 6): {
-        "16bit": TilePlan(num_warps=8),
-        "int8": TilePlan(tile_n=32, num_warps=8, num_stages=2, max_block_m=64, int8_qk=2,
-                         k_align8=True),
+        "16bit": TilePlan(num_warps=8, max_block_m=64, programs_per_sm=1),
+        "int8": TilePlan(tile_n=32, num_warps=8, num_stages=2, max_block_m=64,
+                         programs_per_sm=1, int8_qk=2, k_align8=True),
     },
 }
 

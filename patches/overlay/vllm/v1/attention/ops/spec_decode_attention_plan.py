@@ -218,12 +218,15 @@ def plan_launch(
     bt_lookahead: int | None = None,
     kernel: str | None = None,
     max_block_m: int | None = None,
+    programs_per_sm: int | None = None,
 ) -> LaunchPlan:
     """Choose tiles and segments from shapes only (never from context lengths,
     which a captured graph does not see change). Defaults come from an H200
     sweep (python/benchmarks/spec_decode_attn.md in qwen3090). max_block_m
     caps the Triton split pass's query tile (rows) where block_m is left to
-    the planner: a longer verify block then takes more query tiles."""
+    the planner: a longer verify block then takes more query tiles.
+    programs_per_sm: the split programs one SM holds at once, which sizes the
+    KV split to one wave (default: one for 128-row tiles, two below)."""
     g = num_heads // num_kv_heads
     if kernel is None:
         kernel = (
@@ -250,10 +253,14 @@ def plan_launch(
     q_tiles = -(-max_query_len // block_q)
     tokens_bound = num_seqs * max_query_len
     capacity = workspace.slots_per_head // max(tokens_bound, 1)
-    # A 128-row tile fills an SM's shared memory (one program per SM); smaller
-    # tiles run two per SM. Aim for one full wave of programs: fewer, longer
-    # segments cost less partial-output traffic than extra waves.
-    per_sm = 1 if block_m >= 128 else 2
+    # On an H200 a 128-row tile fills an SM's shared memory (one program per
+    # SM) and smaller tiles run two per SM; a card's own plan may say how many
+    # its kernel holds (the RTX 3090's: one). Aim for one full wave of
+    # programs: fewer, longer segments cost less partial-output traffic than
+    # extra waves.
+    if programs_per_sm is not None and programs_per_sm < 1:
+        raise ValueError(f"programs_per_sm must be >= 1, got {programs_per_sm}")
+    per_sm = programs_per_sm or (1 if block_m >= 128 else 2)
     if num_segments is None:
         programs = num_seqs * q_tiles * num_kv_heads
         want = _prev_pow2(per_sm * workspace.num_sms // programs)
