@@ -257,14 +257,19 @@ def compile_grid(kv: str, queries: tuple[int, ...], workdir: Path,
             key = (q, plan.block_m, plan.tile_n, warps, plan.num_stages, qk)
             if key not in cache:
                 compiled = worker.compile_triton_split(
-                    sda, plan, kv, 86, int8_qk=qk if kv == "int8" else None)
+                    sda, plan, kv, 86, int8_qk=qk if kv == "int8" else None,
+                    k_align8=kv == "int8")
                 regs, spill = worker._ptxas_report(compiled.asm["ptx"], "sm_86", workdir)
+                if regs is None or spill is None:
+                    # No report means no figures to rank on: a guess would rank silently.
+                    raise RuntimeError(f"ptxas gave no register/spill report for {kv} q={q} "
+                                       f"point {point}")
                 loops = mma_loops(sass_of(compiled.asm["cubin"], workdir))
                 cache[key] = Compiled(
                     kv=kv, q=q, block_m=plan.block_m, q_tiles=plan.q_tiles,
                     tile_n=plan.tile_n, num_warps=warps, num_stages=plan.num_stages,
-                    int8_qk=qk, shared=compiled.metadata.shared, regs=regs or 255,
-                    spill_bytes=spill or 0,
+                    int8_qk=qk, shared=compiled.metadata.shared, regs=regs,
+                    spill_bytes=spill,
                     loop_insts=min(loop.instructions for loop in loops),
                     num_segments=plan.num_segments)
                 k = cache[key]

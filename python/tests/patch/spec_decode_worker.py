@@ -999,12 +999,13 @@ def triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
 def compile_triton_split(sda: Any, plan: Any, kv: str, cap: int, *, int8_qk: int | None = None,
                          rows: str | None = None, extra: dict[str, Any] | None = None,
                          heads: int = 24, kv_heads: int = 4, head_size: int = 256,
-                         block_size: int = 16) -> Any:
+                         block_size: int = 16, k_align8: bool | None = None) -> Any:
     """The Triton split pass of ``plan`` over a ``kv`` cache (triton_split_source's kinds),
     compiled for compute capability ``cap`` with the constexprs a launch passes. With
     ``int8_qk`` (int8 only) the int8 production plan's kernel switches: that Q.K mode and the
     widening use_fast_int8 picks on the card; ``rows`` one of COMPILE_INT8_ROW_READS;
-    ``extra`` more constexprs (a plan's switch, as FP8_QK)."""
+    ``extra`` more constexprs (a plan's switch, as FP8_QK); ``k_align8`` the K alignment of
+    the TilePlan the launch has (default: the cache family's TILE_PLANS entry)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -1023,10 +1024,13 @@ def compile_triton_split(sda: Any, plan: Any, kv: str, cap: int, *, int8_qk: int
         # The widening use_fast_int8 picks on this card (bit arithmetic below sm_90).
         constexprs["FAST_INT8"] = cap < 90
         constexprs["INT8_QK"] = int8_qk
-    # The K alignment a launch tells the compiler (its cache family's production
-    # plan, TILE_PLANS), unless a variant says.
+    # The K alignment a launch tells the compiler: its tile plan's (the cache family's
+    # TILE_PLANS entry unless the caller has the card's own), unless a variant says. The
+    # launch asks for 8 only over per-token-head caches (their rows are what it checks).
     family = {"int8": "int8", "fp8pth": "fp8", "fp8": "fp8", "fp8q": "fp8"}
-    constexprs["K_ALIGN"] = 8 if sda.TILE_PLANS[family.get(kv, "16bit")].k_align8 else 4
+    if k_align8 is None:
+        k_align8 = sda.TILE_PLANS[family.get(kv, "16bit")].k_align8
+    constexprs["K_ALIGN"] = 8 if k_align8 else 4
     constexprs.update(COMPILE_INT8_ROW_READS.get(rows or "", {}))
     constexprs.update(extra or {})
     if signature["q_scale_ptr"] == "constexpr":
@@ -1243,10 +1247,12 @@ def compile_arch_plans(sda: Any, ws: Any, card: str, cap: int, heads: int, kv_he
             plan = sda.plan_launch(1, q, heads, kv_heads, head_size, ws, kernel="triton",
                                    **tiles.plan_overrides())
             compiled = compile_triton_split(
-                sda, plan, kv, cap, int8_qk=tiles.int8_qk if kv == "int8" else None)
+                sda, plan, kv, cap, int8_qk=tiles.int8_qk if kv == "int8" else None,
+                k_align8=tiles.k_align8)
             ptx = compiled.asm["ptx"]
             regs, spill = _ptxas_report(ptx, f"sm_{cap}", workdir)
             row = {
+                "k_align": 8 if tiles.k_align8 else 4,
                 "kernel": plan.kernel, "block_m": plan.block_m, "tile_n": plan.tile_n,
                 "num_stages": plan.num_stages, "num_warps": plan.num_warps,
                 "int8_qk": tiles.int8_qk, "smem_estimate": sda.plan_smem(plan, head_size),

@@ -417,6 +417,7 @@ def test_rtx3090_plans_compiled_for_sm86(compiled: dict[str, Any]) -> None:
             assert row["block_m"] == min(64, compiled[f"rtx3090/q{q}"]["block_m"]), row
         int8 = compiled[f"rtx3090/q{q}/archprod-int8"]
         assert int8["int8_qk"] == 2 and int8["s8_mma"] > 0, int8
+        assert int8["k_align"] == 8, int8  # the card's own plan's k_align8, not the H200's
         assert int8["mma_sync"] - int8["s8_mma"] > 0, int8  # P.V on the 16-bit MMA
     assert compiled["rtx3090/q8"]["spill_bytes"] > 0  # the H200-derived plan, four warps
     assert compiled["rtx3090/q8/int8prod-qk0"]["spill_bytes"] > 0
