@@ -339,13 +339,13 @@ BT_AHEAD = gl.constexpr(False)
 # launch, the query's quantization, the barriers and the partials' stores. All give wrong
 # outputs; their times say which side bounds a tile.
 DIAG = gl.constexpr(0)
-# How the query's codes are rounded (--q-round). "floor" (the default, the measured kernel):
-# floor(x + 0.5) and float<->int conversions, as the Triton pass does. "magic" (session 23;
-# compiled, not run): by adding 1.5 * 2**23, so that the FP32 pipe rounds to the nearest
-# integer (ties to even) and leaves the code in the low byte. floor's conversions run on the
-# conversion unit, 16 lanes a clock an SM: 570 a consumer thread (ptxas, q = 8), some 2.3 µs
-# before the first tile (the timeline: query done 5.25 µs after entry, first tile at 2.5).
-Q_MAGIC = gl.constexpr(False)
+# How the query's codes are rounded (--q-round). "magic" (the default since session 25): by
+# adding 1.5 * 2**23, so that the FP32 pipe rounds to the nearest integer (ties to even) and
+# leaves the code in the low byte. "floor": floor(x + 0.5) and float<->int conversions, as
+# the Triton pass does; those run on the conversion unit, 16 lanes a clock an SM (about 570
+# a consumer thread at q = 8). Side by side on an H100 (session 25) magic took 1.4-2.4 µs
+# off a call at q = 8 and 4.9-8.7 µs at q = 16, with the same error.
+Q_MAGIC = gl.constexpr(True)
 
 
 @gluon.jit
@@ -1345,9 +1345,9 @@ def main() -> int:
     parser.add_argument("--tile-n", type=int, choices=(32, 64), default=64,
                         help="keys a tile; at 32 a CTA's shared memory would let two share an "
                         "SM, but the launch's registers (8 warps x 168) allow one")
-    parser.add_argument("--q-round", choices=("floor", "magic"), default="floor",
-                        help="how the query's codes are rounded: floor(x + 0.5) and "
-                        "conversions, or by adding 1.5 * 2**23 (session 23, not run yet)")
+    parser.add_argument("--q-round", choices=("floor", "magic"), default="magic",
+                        help="how the query's codes are rounded: by adding 1.5 * 2**23, or "
+                        "floor(x + 0.5) and conversions (before session 23)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--probe-column", type=int, default=None,
                         help="on a GPU: load one TMA box from this byte column and say how "
@@ -1415,7 +1415,7 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
             + ("" if EPI_ROWS else "-ea") + ("-es" if EPI_SMEM else "")
             + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake", 4: "-nostore",
                5: "-noqload"}[DIAG.value]
-            + ("" if TILE_N == 64 else f"-t{TILE_N}") + ("-qm" if Q_MAGIC else ""))
+            + ("" if TILE_N == 64 else f"-t{TILE_N}") + ("" if Q_MAGIC else "-qf"))
 
 
 # sm_90's per-SM limits: shared memory (228 KiB, 1 KiB of it reserved a CTA) and registers.

@@ -201,7 +201,7 @@ def main() -> int:
     parser.add_argument("--contexts", default="2048,16384,65536")
     parser.add_argument("--q", type=int, default=8,
                         help="verify length (above 10, two consumer warpgroups, lazy)")
-    parser.add_argument("--q-round", choices=("floor", "magic"), default="floor",
+    parser.add_argument("--q-round", choices=("floor", "magic"), default="magic",
                         help="the candidate's --q-round")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--epilogue", choices=("rows", "smem"), default="rows",

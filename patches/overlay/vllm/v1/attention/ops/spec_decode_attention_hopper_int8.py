@@ -139,10 +139,10 @@ def _load_tile8(desc, sc_desc, bufs, sc_bufs, ready, s, start, kv_hi, bt_row_ptr
 
 
 @gluon.jit
-def _rows8(x):
-    """float32 (|x| <= 128) to int8 codes, half up, clamped to +-127 (the Triton
-    pass's _int8_rows)."""
-    return gl.minimum(gl.maximum(gl.floor(x + 0.5), -127.0), 127.0).to(gl.int8)
+def _low8(y):
+    """The int8 code held in the low byte of y = n + 1.5 * 2**23 (n an integer of
+    |n| <= 127; 0x4B400000's low byte is zero)."""
+    return y.to(gl.int32, bitcast=True).to(gl.int8)
 
 
 @gluon.jit
@@ -409,16 +409,31 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     xa = qa * inv
     xb = qb * inv
     xc = qc * inv_t
-    ha = _rows8(xa)
-    hb = _rows8(xb)
-    hc = _rows8(xc)
+    # Rounded by adding 1.5 * 2**23 (|x| <= 127: the FP32 pipe rounds to an integer,
+    # ties to even, and leaves the code in the low byte; less the constant, the code as
+    # a float). floor() and float<->int conversions run on the conversion unit, 16 lanes
+    # a clock an SM; side by side on an H100 this rounding took 1.4-2.4 us off a call at
+    # q = 8 and 4.9-8.7 us at q = 16 (session 25).
+    ya = xa + 12582912.0
+    yb = xb + 12582912.0
+    yc = xc + 12582912.0
+    ha = _low8(ya)
+    hb = _low8(yb)
+    hc = _low8(yc)
+    ra = ya - 12582912.0
+    rb = yb - 12582912.0
+    rc = yc - 12582912.0
     q_sc = amax / 127.0 / 256.0
     qh_smem.index(0).store(ha)
     qh_smem.index(1).store(hb)
     qht.store(hc)
-    ql_smem.index(0).store(_rows8((xa - ha.to(gl.float32)) * 256.0))
-    ql_smem.index(1).store(_rows8((xb - hb.to(gl.float32)) * 256.0))
-    qlt.store(_rows8((xc - hc.to(gl.float32)) * 256.0))
+    # The low term's clamp keeps a tie's 128 a code.
+    ql_smem.index(0).store(_low8(
+        gl.minimum(gl.maximum((xa - ra) * 256.0, -127.0), 127.0) + 12582912.0))
+    ql_smem.index(1).store(_low8(
+        gl.minimum(gl.maximum((xb - rb) * 256.0, -127.0), 127.0) + 12582912.0))
+    qlt.store(_low8(
+        gl.minimum(gl.maximum((xc - rc) * 256.0, -127.0), 127.0) + 12582912.0))
     fence_async_shared()
     # The query's scale and qk_scale in one factor a row: a score costs one FMUL (by
     # K's scale) before the exponent's FFMA. Positive, so a masked -inf stays -inf.
