@@ -356,9 +356,9 @@ def test_int8_hopper_pass_is_the_measured_candidate(compiled: dict[str, Any]) ->
     (spec_decode_attention_hopper_int8.py) on the Hopper planner's plan: one consumer
     warpgroup and a widener up to q = 10 at G = 6, eager; two consumer warpgroups above,
     lazy. It is benchmarks/int8_ws_candidate.py with the benchmark's options taken out, and
-    the machine code says so: its SASS (instructions, no addresses) is the candidate's in
-    the configuration the H200 measured (two Q.K terms, fp16 V; the record
-    tests/gpu/int8_candidate_result.json), so the candidate's H200 errors and times are
+    the machine code says so: its SASS (instructions, no addresses) is the candidate's
+    default (two Q.K terms, fp16 V, the query rounded on the FP32 pipe: the configuration
+    timed on Hopper cards, spec_decode_attn.md), so the candidate's errors and times are
     this pass's. It runs Q.K on the int8 wgmma and P.V on the fp16 one, loads K and V
     only with TMA, fits an SM, and gives the loader warp's registers to the consumers."""
     for q in (4, 8, 16):
