@@ -344,7 +344,7 @@ DIAG = gl.constexpr(0)
 # leaves the code in the low byte. "floor": floor(x + 0.5) and float<->int conversions, as
 # the Triton pass does; those run on the conversion unit, 16 lanes a clock an SM (about 570
 # a consumer thread at q = 8). Side by side on an H100 (session 25) magic took 1.4-2.4 µs
-# off a call at q = 8 and 4.9-8.7 µs at q = 16, with the same error.
+# off a call at q = 8 and 2.3-8.7 µs at q = 16, with the same error.
 Q_MAGIC = gl.constexpr(True)
 
 

@@ -413,7 +413,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # ties to even, and leaves the code in the low byte; less the constant, the code as
     # a float). floor() and float<->int conversions run on the conversion unit, 16 lanes
     # a clock an SM; side by side on an H100 this rounding took 1.4-2.4 us off a call at
-    # q = 8 and 4.9-8.7 us at q = 16 (session 25).
+    # q = 8 and 2.3-8.7 us at q = 16 (session 25).
     ya = xa + 12582912.0
     yb = xb + 12582912.0
     yc = xc + 12582912.0
