@@ -242,6 +242,8 @@ def compile_grid(kv: str, queries: tuple[int, ...], workdir: Path,
     cache: dict[tuple[int, ...], Compiled] = {}
     grid: dict[Point, dict[int, Compiled]] = {}
     qks = GRID_INT8_QK if kv == "int8" else (0,)
+    # Every point launches with the K alignment the card's own plan asks for.
+    card_k_align8 = sda.tile_plan("int8" if kv == "int8" else "16bit", (8, 6)).k_align8
     for point in itertools.product(tile_ns, warps_list, GRID_STAGES, qks, max_ms,
                                    GRID_PROGRAMS_PER_SM):
         tile_n, warps, stages, qk, max_m, per_sm = point
@@ -258,7 +260,7 @@ def compile_grid(kv: str, queries: tuple[int, ...], workdir: Path,
             if key not in cache:
                 compiled = worker.compile_triton_split(
                     sda, plan, kv, 86, int8_qk=qk if kv == "int8" else None,
-                    k_align8=kv == "int8")
+                    k_align8=card_k_align8)
                 regs, spill = worker._ptxas_report(compiled.asm["ptx"], "sm_86", workdir)
                 if regs is None or spill is None:
                     # No report means no figures to rank on: a guess would rank silently.

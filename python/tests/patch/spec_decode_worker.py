@@ -996,6 +996,12 @@ def triton_split_source(fn: Any, kv: str, kv_heads: int, head_size: int,
     return signature, attrs
 
 
+def launch_k_align(kv: str, k_align8: bool) -> int:
+    """K_ALIGN as the launch derives it from a plan's k_align8: 8 only over a per-token-head
+    cache (KV_SCALES 2, whose rows the launch checks), else 4."""
+    return 8 if k_align8 and kv in ("int8", "fp8pth") else 4
+
+
 def compile_triton_split(sda: Any, plan: Any, kv: str, cap: int, *, int8_qk: int | None = None,
                          rows: str | None = None, extra: dict[str, Any] | None = None,
                          heads: int = 24, kv_heads: int = 4, head_size: int = 256,
@@ -1024,13 +1030,12 @@ def compile_triton_split(sda: Any, plan: Any, kv: str, cap: int, *, int8_qk: int
         # The widening use_fast_int8 picks on this card (bit arithmetic below sm_90).
         constexprs["FAST_INT8"] = cap < 90
         constexprs["INT8_QK"] = int8_qk
-    # The K alignment a launch tells the compiler: its tile plan's (the cache family's
-    # TILE_PLANS entry unless the caller has the card's own), unless a variant says. The
-    # launch asks for 8 only over per-token-head caches (their rows are what it checks).
+    # The K alignment a launch tells the compiler, from its tile plan (the cache family's
+    # TILE_PLANS entry unless the caller has the card's own), unless a variant says.
     family = {"int8": "int8", "fp8pth": "fp8", "fp8": "fp8", "fp8q": "fp8"}
     if k_align8 is None:
         k_align8 = sda.TILE_PLANS[family.get(kv, "16bit")].k_align8
-    constexprs["K_ALIGN"] = 8 if k_align8 else 4
+    constexprs["K_ALIGN"] = launch_k_align(kv, k_align8)
     constexprs.update(COMPILE_INT8_ROW_READS.get(rows or "", {}))
     constexprs.update(extra or {})
     if signature["q_scale_ptr"] == "constexpr":
@@ -1252,7 +1257,7 @@ def compile_arch_plans(sda: Any, ws: Any, card: str, cap: int, heads: int, kv_he
             ptx = compiled.asm["ptx"]
             regs, spill = _ptxas_report(ptx, f"sm_{cap}", workdir)
             row = {
-                "k_align": 8 if tiles.k_align8 else 4,
+                "k_align": launch_k_align(kv, tiles.k_align8),
                 "kernel": plan.kernel, "block_m": plan.block_m, "tile_n": plan.tile_n,
                 "num_stages": plan.num_stages, "num_warps": plan.num_warps,
                 "int8_qk": tiles.int8_qk, "smem_estimate": sda.plan_smem(plan, head_size),
