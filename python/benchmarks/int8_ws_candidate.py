@@ -314,6 +314,19 @@ _f32_view = (_f32_view_new if hasattr(gl.shared_memory_descriptor, "reinterpret"
 
 
 @gluon.jit
+def _view_old(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    return buf._reinterpret(dtype, shape, layout)
+
+
+@gluon.jit
+def _view_new(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    return buf.reinterpret(dtype, shape, layout)
+
+
+_view = _view_new if hasattr(gl.shared_memory_descriptor, "reinterpret") else _view_old
+
+
+@gluon.jit
 def _scales(sc_bufs, idx, at, TILE_N: gl.constexpr, layout: gl.constexpr):
     """The scales of a [TILE_N, 16]-byte scale box, column ``at`` as float32."""
     sc_layout: gl.constexpr = SCALE_LOAD_LAYOUT
@@ -346,6 +359,18 @@ DIAG = gl.constexpr(0)
 # a consumer thread at q = 8). Side by side on an H100 (session 25) magic took 1.4-2.4 µs
 # off a call at q = 8 and 2.3-8.7 µs at q = 16, with the same error.
 Q_MAGIC = gl.constexpr(True)
+# --q-chunks N (session 26): with two consumer warpgroups (q = 16), each quantizes its query
+# rows N row chunks at a time in a runtime loop, not all 64 rows in one straight run. ncu on
+# an H100 (q = 16, 64k) put a quarter to a third of each consumer warpgroup's samples in code
+# that runs once a program, most of them stalled on instruction fetch (the straight run is
+# about 2,400 instructions a warpgroup, cold in the instruction cache) or on the load/store
+# queue. The loop runs one chunk's code N times; each chunk's row maxima go through shared
+# memory. Side by side on the H100, N = 4 took 2.0 / 6.8 / 8.1 / 3.6 us off a call at 2k /
+# 16k / 64k / 128k, same error: the default. --q-chunks-one does the same with one
+# warpgroup (q <= 8), where it was 1.3-2.6 us slower (the default there is 1, the straight
+# run). Magic rounding only; ping-pong and --diagnose no-query-load keep the straight run.
+Q_CHUNKS = gl.constexpr(4)
+Q_CHUNKS_ONE = gl.constexpr(1)
 
 
 @gluon.jit
@@ -631,8 +656,83 @@ def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_s
 
 
 @gluon.jit
+def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi0, kv_head,
+                      stride_q_tok, stride_q_head, k_at, G: gl.constexpr, WG_Q: gl.constexpr,
+                      INT8_QK: gl.constexpr, W: gl.constexpr, CHUNKS: gl.constexpr,
+                      ld_layout: gl.constexpr, kt_layout: gl.constexpr,
+                      out_layout: gl.constexpr):
+    """--q-chunks: the consumer's straight-run quantization (magic rounding), CHUNKS row
+    chunks at a time in a runtime loop. The codes go to the same shared tiles through views
+    of QR-row chunks (QR a multiple of 8, so each chunk keeps the whole tile's swizzle); each
+    chunk's row maxima go to qsc, read back as one row vector. Returns the rows' scales."""
+    QR: gl.constexpr = WG_ROWS // CHUNKS
+    # A view's leading dimension is indexed, so its layout has the rank of one chunk (as
+    # the stages' buffers are laid out).
+    codes: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8,
+                                               rank=2)
+    tail: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8,
+                                              rank=2)
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    ha_v = _view(qh_smem.index(0), gl.int8, [CHUNKS, QR, CH8], codes)
+    hb_v = _view(qh_smem.index(1), gl.int8, [CHUNKS, QR, CH8], codes)
+    la_v = _view(ql_smem.index(0), gl.int8, [CHUNKS, QR, CH8], codes)
+    lb_v = _view(ql_smem.index(1), gl.int8, [CHUNKS, QR, CH8], codes)
+    ht_v = _view(qht, gl.int8, [CHUNKS, QR, KT], tail)
+    lt_v = _view(qlt, gl.int8, [CHUNKS, QR, KT], tail)
+    sc_v = _view(qsc.index(W), gl.float32, [CHUNKS, QR], flat1)
+    for c in range(0, CHUNKS):
+        r = c * QR + gl.arange(0, QR, layout=gl.SliceLayout(1, ld_layout))
+        d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
+        qi = qi0 + r // G
+        row_ok = (r < WG_Q * G) & (qi < q_len)
+        q_rows = ((q_start + qi).to(gl.int64) * stride_q_tok
+                  + (kv_head * G + r % G) * stride_q_head)
+        q_base = q_ptr + q_rows[:, None] + d[None, :]
+        qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :],
+                     other=0.0).to(gl.float32)
+        qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
+        rt = c * QR + gl.arange(0, QR, layout=gl.SliceLayout(1, kt_layout))
+        dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
+        qit = qi0 + rt // G
+        q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
+                    + (kv_head * G + rt % G) * stride_q_head)
+        qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
+        qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok,
+                     other=0.0).to(gl.float32)
+        amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
+                          gl.convert_layout(gl.max(gl.abs(qc), axis=1),
+                                            gl.SliceLayout(1, ld_layout)))
+        inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
+        inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
+                                  gl.SliceLayout(1, kt_layout))[:, None]
+        xa = qa * inv
+        xb = qb * inv
+        xc = qc * inv_t
+        ya = xa + 12582912.0
+        yb = xb + 12582912.0
+        yc = xc + 12582912.0
+        ha_v.index(c).store(_low8(ya))
+        hb_v.index(c).store(_low8(yb))
+        ht_v.index(c).store(_low8(yc))
+        if INT8_QK == 2:
+            la_v.index(c).store(_low8(gl.minimum(gl.maximum(
+                (xa - (ya - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
+            lb_v.index(c).store(_low8(gl.minimum(gl.maximum(
+                (xb - (yb - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
+            lt_v.index(c).store(_low8(gl.minimum(gl.maximum(
+                (xc - (yc - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
+        sc_v.index(c).store(amax)
+    fence_async_shared()
+    _partition_barrier()
+    q_sc = qsc.index(W).load(out_layout) / 127.0
+    if INT8_QK == 2:
+        q_sc = q_sc / 256.0
+    return q_sc
+
+
+@gluon.jit
 def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready, empty, widened, seq, kv_head,
+              qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready, empty, widened, seq, kv_head,
               seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
               stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr,
               G: gl.constexpr, WG_Q: gl.constexpr, TILE_N: gl.constexpr,
@@ -671,80 +771,93 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # Query rows quantized per row to int8 (two terms with INT8_QK = 2), as _quantize_q,
     # shifted k_at columns right as K's boxes are: zeros where the boxes hold other bytes.
     qi0 = tile_q0 if PP else tile_q0 + W * WG_Q
-    r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
-    d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
-    qi = qi0 + r // G
-    row_ok = (r < WG_Q * G) & (qi < q_len)
-    q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
-    q_base = q_ptr + q_rows[:, None] + d[None, :]
-    if DIAG == 5:
-        # Diagnosis (--diagnose no-query-load): ones for the query, no global load.
-        qa = gl.where(row_ok[:, None] & (d >= 0)[None, :], 1.0, 0.0) + (d * 0.0)[None, :]
-        qb = gl.where(row_ok[:, None], 1.0, 0.0) + (d * 0.0)[None, :]
+    # Row chunks of the query's quantization (--q-chunks; 1: the straight run).
+    if PP or not Q_MAGIC or DIAG == 5:
+        QCH: gl.constexpr = 1
+    elif NUM_WG == 2:
+        QCH: gl.constexpr = Q_CHUNKS
     else:
-        qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :],
-                     other=0.0).to(gl.float32)
-        qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
-    rt = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kt_layout))
-    dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
-    qit = qi0 + rt // G
-    q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
-                + (kv_head * G + rt % G) * stride_q_head)
-    qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
-    if DIAG == 5:
-        qc = gl.where(qc_ok, 1.0, 0.0)
+        QCH: gl.constexpr = Q_CHUNKS_ONE
+    if QCH > 1:
+        q_sc = _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len,
+                                 qi0, kv_head, stride_q_tok, stride_q_head, k_at, G,
+                                 WG_Q, INT8_QK, W, QCH, ld_layout, kt_layout,
+                                 gl.SliceLayout(1, s_layout))
     else:
-        qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok,
-                     other=0.0).to(gl.float32)
-    amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
-                      gl.convert_layout(gl.max(gl.abs(qc), axis=1),
-                                        gl.SliceLayout(1, ld_layout)))
-    inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
-    inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
-                              gl.SliceLayout(1, kt_layout))[:, None]
-    xa = qa * inv
-    xb = qb * inv
-    xc = qc * inv_t
-    if Q_MAGIC:
-        # |x| <= 127: x + 1.5 * 2**23 is rounded to an integer; less the constant, it is
-        # the code as a float. The low term's clamp keeps a tie's 128 a code.
-        ya = xa + 12582912.0
-        yb = xb + 12582912.0
-        yc = xc + 12582912.0
-        ha = _low8(ya)
-        hb = _low8(yb)
-        hc = _low8(yc)
-        ra = ya - 12582912.0
-        rb = yb - 12582912.0
-        rc = yc - 12582912.0
-    else:
-        ha = _rows8(xa)
-        hb = _rows8(xb)
-        hc = _rows8(xc)
-    q_sc = amax / 127.0
-    if INT8_QK == 2:
-        q_sc = q_sc / 256.0
-    if W == 0 or not PP:
-        qh_smem.index(0).store(ha)
-        qh_smem.index(1).store(hb)
-        qht.store(hc)
-        if INT8_QK == 2 and Q_MAGIC:
-            ql_smem.index(0).store(_low8(
-                gl.minimum(gl.maximum((xa - ra) * 256.0, -127.0), 127.0) + 12582912.0))
-            ql_smem.index(1).store(_low8(
-                gl.minimum(gl.maximum((xb - rb) * 256.0, -127.0), 127.0) + 12582912.0))
-            qlt.store(_low8(
-                gl.minimum(gl.maximum((xc - rc) * 256.0, -127.0), 127.0) + 12582912.0))
-        elif INT8_QK == 2:
-            ql_smem.index(0).store(_rows8((xa - ha.to(gl.float32)) * 256.0))
-            ql_smem.index(1).store(_rows8((xb - hb.to(gl.float32)) * 256.0))
-            qlt.store(_rows8((xc - hc.to(gl.float32)) * 256.0))
-        fence_async_shared()
-        if PP:
-            _partition_barrier()
-            mbarrier.arrive(widened.index(0), count=1)
-    else:
-        mbarrier.wait(widened.index(0), 0)
+        r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
+        d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
+        qi = qi0 + r // G
+        row_ok = (r < WG_Q * G) & (qi < q_len)
+        q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
+        q_base = q_ptr + q_rows[:, None] + d[None, :]
+        if DIAG == 5:
+            # Diagnosis (--diagnose no-query-load): ones for the query, no global load.
+            qa = gl.where(row_ok[:, None] & (d >= 0)[None, :], 1.0, 0.0) + (d * 0.0)[None, :]
+            qb = gl.where(row_ok[:, None], 1.0, 0.0) + (d * 0.0)[None, :]
+        else:
+            qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :],
+                         other=0.0).to(gl.float32)
+            qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
+        rt = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kt_layout))
+        dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
+        qit = qi0 + rt // G
+        q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
+                    + (kv_head * G + rt % G) * stride_q_head)
+        qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
+        if DIAG == 5:
+            qc = gl.where(qc_ok, 1.0, 0.0)
+        else:
+            qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok,
+                         other=0.0).to(gl.float32)
+        amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
+                          gl.convert_layout(gl.max(gl.abs(qc), axis=1),
+                                            gl.SliceLayout(1, ld_layout)))
+        inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
+        inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
+                                  gl.SliceLayout(1, kt_layout))[:, None]
+        xa = qa * inv
+        xb = qb * inv
+        xc = qc * inv_t
+        if Q_MAGIC:
+            # |x| <= 127: x + 1.5 * 2**23 is rounded to an integer; less the constant, it is
+            # the code as a float. The low term's clamp keeps a tie's 128 a code.
+            ya = xa + 12582912.0
+            yb = xb + 12582912.0
+            yc = xc + 12582912.0
+            ha = _low8(ya)
+            hb = _low8(yb)
+            hc = _low8(yc)
+            ra = ya - 12582912.0
+            rb = yb - 12582912.0
+            rc = yc - 12582912.0
+        else:
+            ha = _rows8(xa)
+            hb = _rows8(xb)
+            hc = _rows8(xc)
+        q_sc = amax / 127.0
+        if INT8_QK == 2:
+            q_sc = q_sc / 256.0
+        if W == 0 or not PP:
+            qh_smem.index(0).store(ha)
+            qh_smem.index(1).store(hb)
+            qht.store(hc)
+            if INT8_QK == 2 and Q_MAGIC:
+                ql_smem.index(0).store(_low8(
+                    gl.minimum(gl.maximum((xa - ra) * 256.0, -127.0), 127.0) + 12582912.0))
+                ql_smem.index(1).store(_low8(
+                    gl.minimum(gl.maximum((xb - rb) * 256.0, -127.0), 127.0) + 12582912.0))
+                qlt.store(_low8(
+                    gl.minimum(gl.maximum((xc - rc) * 256.0, -127.0), 127.0) + 12582912.0))
+            elif INT8_QK == 2:
+                ql_smem.index(0).store(_rows8((xa - ha.to(gl.float32)) * 256.0))
+                ql_smem.index(1).store(_rows8((xb - hb.to(gl.float32)) * 256.0))
+                qlt.store(_rows8((xc - hc.to(gl.float32)) * 256.0))
+            fence_async_shared()
+            if PP:
+                _partition_barrier()
+                mbarrier.arrive(widened.index(0), count=1)
+        else:
+            mbarrier.wait(widened.index(0), 0)
     # The query's scale and qk_scale in one factor a row: a score costs one FMUL (by K's
     # scale) before the exponent's FFMA. Positive, so a masked -inf stays -inf.
     q_sc = gl.convert_layout(gl.maximum(q_sc, 1.0e-30) * qk_scale, gl.SliceLayout(1, s_layout))
@@ -878,7 +991,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
 
 @gluon.jit
 def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht,
-                     qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq,
+                     qlt, qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq,
                      kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles,
                      qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                      NUM_HEADS: gl.constexpr, G: gl.constexpr, WG_Q: gl.constexpr,
@@ -886,7 +999,7 @@ def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, q
                      INT8_QK: gl.constexpr, LAZY: gl.constexpr, PP: gl.constexpr):
     # The second warpgroup runs as a worker partition: its index is fixed here.
     _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened, seq, kv_head,
+              qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened, seq, kv_head,
               seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
               stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
               NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 1, 2, PP, False)
@@ -894,7 +1007,7 @@ def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, q
 
 @gluon.jit
 def _consume8_pp(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-                 bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg,
+                 qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg,
                  q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
                  stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr,
                  G: gl.constexpr, WG_Q: gl.constexpr, TILE_N: gl.constexpr,
@@ -902,7 +1015,7 @@ def _consume8_pp(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_sm
                  LAZY: gl.constexpr, W: gl.constexpr):
     # Ping-pong warpgroup W as a worker partition (PP_LOADER_DEFAULT).
     _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened, seq, kv_head,
+              qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened, seq, kv_head,
               seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
               stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
               NUM_SEGMENTS, STAGES, INT8_QK, LAZY, W, 2, True, False)
@@ -970,6 +1083,13 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         ql = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
         qht = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
         qlt = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
+        if (not PP and Q_MAGIC and DIAG != 5
+                and (Q_CHUNKS if NUM_WG == 2 else Q_CHUNKS_ONE) > 1):
+            # Each warpgroup's row maxima, as --q-chunks writes them a chunk at a time.
+            qsc = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS],
+                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        else:
+            qsc = qht
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         widened = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -998,13 +1118,13 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             vbft = gl.allocate_shared_memory(V16, [2, TILE_N, SCB], vbft_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened,
                              seq, kv_head, seg * 2, q_start, q_len, seq_len, tile_q0, kv_lo,
                              kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
                              k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES,
                              INT8_QK, LAZY, 0, 2, True, False)),
                 (_consume8_second, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql,
-                                    qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
+                                    qht, qlt, qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
                                     empty, widened, seq, kv_head, seg * 2, q_start, q_len,
                                     seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
                                     stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G,
@@ -1024,13 +1144,13 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
                 (_consume8_pp, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht,
-                                qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
+                                qlt, qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
                                 widened, seq, kv_head, seg * 2, q_start, q_len, seq_len,
                                 tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
                                 stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q,
                                 TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 0)),
                 (_consume8_pp, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht,
-                                qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
+                                qlt, qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
                                 widened, seq, kv_head, seg * 2, q_start, q_len, seq_len,
                                 tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
                                 stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q,
@@ -1046,13 +1166,13 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             qlt1 = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened,
                              seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
                              n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                              NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
                              0, 2, False, False)),
                 (_consume8_second, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh1, ql1,
-                                    qht1, qlt1, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
+                                    qht1, qlt1, qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
                                     empty, widened, seq, kv_head, seg, q_start, q_len, seq_len,
                                     tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
                                     stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G,
@@ -1072,7 +1192,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                 mbarrier.init(vbars.index(i), count=1)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, vbars,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, vbars,
                              seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
                              n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                              NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
@@ -1091,7 +1211,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                                                      TILE_N if OV else 64], vbf_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready, empty, widened,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready, empty, widened,
                              seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
                              n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                              NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
@@ -1345,6 +1465,13 @@ def main() -> int:
     parser.add_argument("--tile-n", type=int, choices=(32, 64), default=64,
                         help="keys a tile; at 32 a CTA's shared memory would let two share an "
                         "SM, but the launch's registers (8 warps x 168) allow one")
+    parser.add_argument("--q-chunks", type=int, choices=(1, 2, 4, 8), default=4,
+                        help="with two consumer warpgroups (q = 16): quantize the query this "
+                        "many row chunks at a time in a loop (default 4; 1: one straight "
+                        "run); magic rounding only, not with --pingpong or --diagnose "
+                        "no-query-load (those keep the straight run)")
+    parser.add_argument("--q-chunks-one", type=int, choices=(1, 2, 4, 8), default=1,
+                        help="the same with one consumer warpgroup (q <= 8; default 1)")
     parser.add_argument("--q-round", choices=("floor", "magic"), default="magic",
                         help="how the query's codes are rounded: by adding 1.5 * 2**23, or "
                         "floor(x + 0.5) and conversions (before session 23)")
@@ -1356,7 +1483,10 @@ def main() -> int:
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
     global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS, Q_MAGIC
+    global Q_CHUNKS, Q_CHUNKS_ONE
     Q_MAGIC = gl.constexpr(args.q_round == "magic")
+    Q_CHUNKS = gl.constexpr(args.q_chunks)
+    Q_CHUNKS_ONE = gl.constexpr(args.q_chunks_one)
     V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
     EPI_ROWS = gl.constexpr(args.epilogue in ("rows", "smem"))
     EPI_SMEM = gl.constexpr(args.epilogue == "smem")

@@ -85,6 +85,13 @@ SCALE_LOAD_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0
 # threads a row, so the 8 threads of a store phase hit 8 different swizzled
 # chunks (16 codes a thread conflicted 2-way).
 V_LOAD_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
+# With two consumer warpgroups (q = 16) each quantizes its query rows this many row
+# chunks at a time in a loop: the straight run over 64 rows is about 2,400
+# instructions, run once and cold in the instruction cache (ncu, H100: a quarter to
+# a third of a consumer's samples, most waiting on instruction fetch). Side by side
+# on the H100, 4 chunks took 2-8 us off a call; with one warpgroup they cost 1-3 us,
+# so q <= 8 keeps the straight run (session 26).
+Q_CHUNKS = gl.constexpr(4)
 
 
 # A shared memory view as float32: Triton 3.9 renamed the view's _reinterpret
@@ -101,6 +108,19 @@ def _f32_view_new(buf, rows: gl.constexpr, cols: gl.constexpr, layout: gl.conste
 
 _f32_view = (_f32_view_new if hasattr(gl.shared_memory_descriptor, "reinterpret")
              else _f32_view_old)
+
+
+@gluon.jit
+def _view_old(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    return buf._reinterpret(dtype, shape, layout)
+
+
+@gluon.jit
+def _view_new(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    return buf.reinterpret(dtype, shape, layout)
+
+
+_view = _view_new if hasattr(gl.shared_memory_descriptor, "reinterpret") else _view_old
 
 
 @gluon.jit
@@ -351,8 +371,79 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, ready, empty, w
 
 
 @gluon.jit
+def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi0, kv_head,
+                      stride_q_tok, stride_q_head, k_at, G: gl.constexpr, WG_Q: gl.constexpr,
+                      W: gl.constexpr, ld_layout: gl.constexpr, kt_layout: gl.constexpr,
+                      out_layout: gl.constexpr):
+    """The consumer's quantization below, Q_CHUNKS row chunks at a time in a loop.
+    The codes go to the same tiles through views of QR-row chunks (QR a multiple of
+    8 keeps the tile's swizzle); each chunk's row maxima go to qsc, read back as one
+    row vector. Returns the rows' scales."""
+    QR: gl.constexpr = WG_ROWS // Q_CHUNKS
+    # A view's leading dimension is indexed, so its layout has one chunk's rank.
+    codes: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8,
+                                               rank=2)
+    tail: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8,
+                                              rank=2)
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    ha_v = _view(qh_smem.index(0), gl.int8, [Q_CHUNKS, QR, CH8], codes)
+    hb_v = _view(qh_smem.index(1), gl.int8, [Q_CHUNKS, QR, CH8], codes)
+    la_v = _view(ql_smem.index(0), gl.int8, [Q_CHUNKS, QR, CH8], codes)
+    lb_v = _view(ql_smem.index(1), gl.int8, [Q_CHUNKS, QR, CH8], codes)
+    ht_v = _view(qht, gl.int8, [Q_CHUNKS, QR, KT], tail)
+    lt_v = _view(qlt, gl.int8, [Q_CHUNKS, QR, KT], tail)
+    sc_v = _view(qsc.index(W), gl.float32, [Q_CHUNKS, QR], flat1)
+    for c in range(0, Q_CHUNKS):
+        r = c * QR + gl.arange(0, QR, layout=gl.SliceLayout(1, ld_layout))
+        d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
+        qi = qi0 + r // G
+        row_ok = (r < WG_Q * G) & (qi < q_len)
+        q_rows = ((q_start + qi).to(gl.int64) * stride_q_tok
+                  + (kv_head * G + r % G) * stride_q_head)
+        q_base = q_ptr + q_rows[:, None] + d[None, :]
+        qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :],
+                     other=0.0).to(gl.float32)
+        qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
+        rt = c * QR + gl.arange(0, QR, layout=gl.SliceLayout(1, kt_layout))
+        dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
+        qit = qi0 + rt // G
+        q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
+                    + (kv_head * G + rt % G) * stride_q_head)
+        qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
+        qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok,
+                     other=0.0).to(gl.float32)
+        amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
+                          gl.convert_layout(gl.max(gl.abs(qc), axis=1),
+                                            gl.SliceLayout(1, ld_layout)))
+        inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
+        inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
+                                  gl.SliceLayout(1, kt_layout))[:, None]
+        xa = qa * inv
+        xb = qb * inv
+        xc = qc * inv_t
+        ya = xa + 12582912.0
+        yb = xb + 12582912.0
+        yc = xc + 12582912.0
+        ha_v.index(c).store(_low8(ya))
+        hb_v.index(c).store(_low8(yb))
+        ht_v.index(c).store(_low8(yc))
+        la_v.index(c).store(_low8(gl.minimum(gl.maximum(
+            (xa - (ya - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
+        lb_v.index(c).store(_low8(gl.minimum(gl.maximum(
+            (xb - (yb - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
+        lt_v.index(c).store(_low8(gl.minimum(gl.maximum(
+            (xc - (yc - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
+        sc_v.index(c).store(amax)
+    fence_async_shared()
+    _partition_barrier()
+    q_sc = qsc.index(W).load(out_layout) / 127.0
+    q_sc = q_sc / 256.0
+    return q_sc
+
+
+@gluon.jit
 def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg, q_start,
+              qsc, bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg, q_start,
               q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
               stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr, G: gl.constexpr,
               WG_Q: gl.constexpr, TILE_N: gl.constexpr, NUM_SEGMENTS: gl.constexpr,
@@ -385,56 +476,62 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # _quantize_q, shifted k_at columns right as K's boxes are: zeros where the
     # boxes hold other bytes.
     qi0 = W * WG_Q
-    r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
-    d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
-    qi = qi0 + r // G
-    row_ok = (r < WG_Q * G) & (qi < q_len)
-    q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
-    q_base = q_ptr + q_rows[:, None] + d[None, :]
-    qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :], other=0.0).to(gl.float32)
-    qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
-    rt = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kt_layout))
-    dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
-    qit = qi0 + rt // G
-    q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
-                + (kv_head * G + rt % G) * stride_q_head)
-    qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
-    qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok, other=0.0).to(gl.float32)
-    amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
-                      gl.convert_layout(gl.max(gl.abs(qc), axis=1),
-                                        gl.SliceLayout(1, ld_layout)))
-    inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
-    inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
-                              gl.SliceLayout(1, kt_layout))[:, None]
-    xa = qa * inv
-    xb = qb * inv
-    xc = qc * inv_t
-    # Rounded by adding 1.5 * 2**23 (|x| <= 127: the FP32 pipe rounds to an integer,
-    # ties to even, and leaves the code in the low byte; less the constant, the code as
-    # a float). floor() and float<->int conversions run on the conversion unit, 16 lanes
-    # a clock an SM; side by side on an H100 this rounding took 1.4-2.4 us off a call at
-    # q = 8 and 2.3-8.7 us at q = 16 (session 25).
-    ya = xa + 12582912.0
-    yb = xb + 12582912.0
-    yc = xc + 12582912.0
-    ha = _low8(ya)
-    hb = _low8(yb)
-    hc = _low8(yc)
-    ra = ya - 12582912.0
-    rb = yb - 12582912.0
-    rc = yc - 12582912.0
-    q_sc = amax / 127.0 / 256.0
-    qh_smem.index(0).store(ha)
-    qh_smem.index(1).store(hb)
-    qht.store(hc)
-    # The low term's clamp keeps a tie's 128 a code.
-    ql_smem.index(0).store(_low8(
-        gl.minimum(gl.maximum((xa - ra) * 256.0, -127.0), 127.0) + 12582912.0))
-    ql_smem.index(1).store(_low8(
-        gl.minimum(gl.maximum((xb - rb) * 256.0, -127.0), 127.0) + 12582912.0))
-    qlt.store(_low8(
-        gl.minimum(gl.maximum((xc - rc) * 256.0, -127.0), 127.0) + 12582912.0))
-    fence_async_shared()
+    if NUM_WG == 2:
+        q_sc = _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len,
+                                 qi0, kv_head, stride_q_tok, stride_q_head, k_at, G,
+                                 WG_Q, W, ld_layout, kt_layout,
+                                 gl.SliceLayout(1, s_layout))
+    else:
+        r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
+        d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
+        qi = qi0 + r // G
+        row_ok = (r < WG_Q * G) & (qi < q_len)
+        q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
+        q_base = q_ptr + q_rows[:, None] + d[None, :]
+        qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :], other=0.0).to(gl.float32)
+        qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
+        rt = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kt_layout))
+        dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
+        qit = qi0 + rt // G
+        q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
+                    + (kv_head * G + rt % G) * stride_q_head)
+        qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
+        qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok, other=0.0).to(gl.float32)
+        amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
+                          gl.convert_layout(gl.max(gl.abs(qc), axis=1),
+                                            gl.SliceLayout(1, ld_layout)))
+        inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
+        inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
+                                  gl.SliceLayout(1, kt_layout))[:, None]
+        xa = qa * inv
+        xb = qb * inv
+        xc = qc * inv_t
+        # Rounded by adding 1.5 * 2**23 (|x| <= 127: the FP32 pipe rounds to an integer,
+        # ties to even, and leaves the code in the low byte; less the constant, the code as
+        # a float). floor() and float<->int conversions run on the conversion unit, 16 lanes
+        # a clock an SM; side by side on an H100 this rounding took 1.4-2.4 us off a call at
+        # q = 8 and 2.3-8.7 us at q = 16 (session 25).
+        ya = xa + 12582912.0
+        yb = xb + 12582912.0
+        yc = xc + 12582912.0
+        ha = _low8(ya)
+        hb = _low8(yb)
+        hc = _low8(yc)
+        ra = ya - 12582912.0
+        rb = yb - 12582912.0
+        rc = yc - 12582912.0
+        q_sc = amax / 127.0 / 256.0
+        qh_smem.index(0).store(ha)
+        qh_smem.index(1).store(hb)
+        qht.store(hc)
+        # The low term's clamp keeps a tie's 128 a code.
+        ql_smem.index(0).store(_low8(
+            gl.minimum(gl.maximum((xa - ra) * 256.0, -127.0), 127.0) + 12582912.0))
+        ql_smem.index(1).store(_low8(
+            gl.minimum(gl.maximum((xb - rb) * 256.0, -127.0), 127.0) + 12582912.0))
+        qlt.store(_low8(
+            gl.minimum(gl.maximum((xc - rc) * 256.0, -127.0), 127.0) + 12582912.0))
+        fence_async_shared()
     # The query's scale and qk_scale in one factor a row: a score costs one FMUL (by
     # K's scale) before the exponent's FFMA. Positive, so a masked -inf stays -inf.
     q_sc = gl.convert_layout(gl.maximum(q_sc, 1.0e-30) * qk_scale, gl.SliceLayout(1, s_layout))
@@ -501,14 +598,14 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
 
 @gluon.jit
 def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht,
-                     qlt, bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg,
+                     qlt, qsc, bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg,
                      q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
                      stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr,
                      G: gl.constexpr, WG_Q: gl.constexpr, TILE_N: gl.constexpr,
                      NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr, LAZY: gl.constexpr):
     # The second warpgroup runs as a worker partition: its index is fixed here.
     _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg, q_start,
+              qsc, bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg, q_start,
               q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
               stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES,
               LAZY, 1, 2)
@@ -571,6 +668,12 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         ql = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
         qht = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
         qlt = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
+        if NUM_WG == 2:
+            # Each warpgroup's row maxima, as _quantize_chunked writes them.
+            qsc = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS],
+                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        else:
+            qsc = qht
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         widened = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -598,12 +701,12 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             qlt1 = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head,
+                             qsc, bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head,
                              seg, q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale,
                              max_q, stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G,
                              WG_Q, TILE_N, NUM_SEGMENTS, STAGES, LAZY, 0, 2)),
                 (_consume8_second, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh1, ql1,
-                                    qht1, qlt1, bufs, sc_bufs, vbf, vbft, ready, empty,
+                                    qht1, qlt1, qsc, bufs, sc_bufs, vbf, vbft, ready, empty,
                                     widened, seq, kv_head, seg, q_start, q_len, seq_len,
                                     kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
                                     stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
@@ -622,7 +725,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                 mbarrier.init(vbars.index(i), count=1)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             bufs, sc_bufs, vbf, vbft, ready, empty, vbars, seq, kv_head, seg,
+                             qsc, bufs, sc_bufs, vbf, vbft, ready, empty, vbars, seq, kv_head, seg,
                              q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
                              stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q,
                              TILE_N, NUM_SEGMENTS, STAGES, LAZY, 0, 1)),
