@@ -772,12 +772,8 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # shifted k_at columns right as K's boxes are: zeros where the boxes hold other bytes.
     qi0 = tile_q0 if PP else tile_q0 + W * WG_Q
     # Row chunks of the query's quantization (--q-chunks; 1: the straight run).
-    if PP or not Q_MAGIC or DIAG == 5:
-        QCH: gl.constexpr = 1
-    elif NUM_WG == 2:
-        QCH: gl.constexpr = Q_CHUNKS
-    else:
-        QCH: gl.constexpr = Q_CHUNKS_ONE
+    QCH: gl.constexpr = (1 if PP or not Q_MAGIC or DIAG == 5
+                         else Q_CHUNKS if NUM_WG == 2 else Q_CHUNKS_ONE)
     if QCH > 1:
         q_sc = _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len,
                                  qi0, kv_head, stride_q_tok, stride_q_head, k_at, G,

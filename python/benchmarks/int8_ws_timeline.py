@@ -84,8 +84,10 @@ EDITS: tuple[tuple[str, str, int], ...] = (
     ("(_consume8_second, (q_ptr,", "(_consume8_second, (tlb, q_ptr,", 2),
     ("(_consume8_pp, (q_ptr,", "(_consume8_pp, (tlb, q_ptr,", 2),
     ("    _consume8(q_ptr, part_out_ptr", "    _consume8(tlb, q_ptr, part_out_ptr", 2),
-    ("    else:\n        mbarrier.wait(widened.index(0), 0)\n",
-     "    else:\n        mbarrier.wait(widened.index(0), 0)\n    gl.store(tlb + 1, _now())\n", 1),
+    # After the query's quantization, straight or in chunks (--q-chunks).
+    ("    # The query's scale and qk_scale in one factor a row: a score costs one FMUL",
+     "    gl.store(tlb + 1, _now())\n"
+     "    # The query's scale and qk_scale in one factor a row: a score costs one FMUL", 1),
     ("\n    r_o = gl.arange(0, WG_ROWS, layout=row_layout)\n",
      "\n    gl.store(tlb + 3, _now())\n    r_o = gl.arange(0, WG_ROWS, layout=row_layout)\n", 1),
     ("(d_t < 2 * CH8)[None, :])\n\n\n@gluon.jit",
