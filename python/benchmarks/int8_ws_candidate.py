@@ -1,8 +1,9 @@
 """Candidate for issue 21: the split pass over TRITON_ATTN's int8_per_token_head cache as a
 warp-specialised Hopper (sm_90) kernel in Gluon. Its default configuration (two Q.K terms, an
-fp16 V tile; eager with the widener at one consumer warpgroup, lazy at two) is in the patch
-series as vllm/v1/attention/ops/spec_decode_attention_hopper_int8.py (session 22), which
-compiles to this file's SASS (a patch-tier test holds that). This file stays the workbench:
+fp16 V tile; eager with the widener at one consumer warpgroup, lazy and the query quantized
+in 4 row chunks at two) is in the patch series as
+vllm/v1/attention/ops/spec_decode_attention_hopper_int8.py (session 22), which compiles to
+this file's SASS (a patch-tier test holds that). This file stays the workbench:
 its options and diagnoses try changes without touching the series or its GPU records.
 
 Why this shape (spec_decode_attn.md, "What a tile costs in instructions"): the Triton int8

@@ -20,6 +20,8 @@
 #   second the first's remainder at 1/256 of its scale), and K is used as TMA
 #   wrote it; a score is scaled by its key's scale, the row's own scale rides
 #   in the exponent's FMA.
+#   With two consumer warpgroups each quantizes its rows a 16-row chunk at
+#   a time in a loop (Q_CHUNKS: the straight run is cold code).
 # - V is not K-major for P.V, so a widener warpgroup turns each tile's codes
 #   into an fp16 tile (the 1024 bias; codes are exact in fp16) while the
 #   consumer runs Q.K and the softmax; V's per-token scale is folded into P's
