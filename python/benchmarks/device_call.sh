@@ -1,17 +1,19 @@
 #!/bin/bash
-# The next device call for issue 21, in one go (spec_decode_attn.md, "The query rounded on
-# the FP32 pipe, measured"). On this machine first:
+# The next device call for issue 21, in one go (spec_decode_attn.md, "What bounds q = 16, and
+# the query quantized in chunks"). On this machine first:
 #   .venv/bin/python python/benchmarks/pack_device_tree.py     # -> .device/sda-tree.tar.xz
 # then run `bash python/benchmarks/device_call.sh` on the device, carrying [".device"].
 # Everything it writes comes back as one tarball, $OUT/r.tar.xz, re-made after each step
 # (a call returns only a few files, and a call cut off at its limit keeps the last one).
 # Steps, most needed first:
+#   worker     every case of tests/patch/spec_decode_worker.py on the GPU (int8 among them:
+#              ragged batches, NaN past each request, 64-token blocks), through
+#              spec_decode_attention, with the query quantized in chunks at q = 16
+#   chunks16   the candidate at q = 16 with the straight run and with 4 chunks, side by side
+#              (measured on an H100 in session 26, not yet on an H200)
 #   sda_int8   the series' int8 Hopper pass as vLLM dispatches it, stock beside it
-#   sweep3090  the RTX 3090's int8 plan at full shape: its error against float32
-#   c_noq_q16  q = 16 without its query load: is the 14 us query phase the load?
-#   c_smem_q16 q = 16 storing its partials through shared memory
 #   cand       the candidate's record with its current default (tests/gpu/
-#              int8_candidate_result.json; its five tests skip until it is re-made)
+#              int8_candidate_result.json; its five tests skip if the device work changed)
 set -u
 cd "$(dirname "$0")/../.."
 W=$(mktemp -d)
@@ -29,17 +31,16 @@ step() {
   finish
   grep -v '^INFO\|^WARNING' "$W/$name.log" | tail -n "${TAILN:-6}" | cut -c1-400
 }
+LIM=150 TAILN=12 step worker python3 tests/patch/spec_decode_worker.py --tree "$T" \
+  --out "$W/worker.json" --device cuda --skip-dispatch
+A=(--tree "$T" --int8-qk 2 --v-tile fp16 --contexts 2048,16384,65536,131072 --queries 16
+   --lazy 1)
+for ch in 1 4; do
+  step "chunks16_c$ch" python3 benchmarks/int8_ws_candidate.py "${A[@]}" --q-chunks "$ch" \
+    --json "$W/chunks16_c$ch.json"
+done
 LIM=200 TAILN=24 step sda_int8 python3 benchmarks/spec_decode_attn.py --tree "$T" \
   --out "$W/sda" --kv int8 --batches 1 --contexts 16384,65536,131072 --queries 8,16 \
   --budget 150 --json "$W/sda-int8.json"
-TAILN=30 step sweep3090 python3 benchmarks/spec_decode_attn.py --tree "$T" --out "$W/sda8" \
-  --sweep-8bit --sweep-8bit-kv int8 --sweep-8bit-no-grid --sweep-8bit-switches rtx3090 \
-  --sweep-8bit-queries 8,16 --contexts ""
-A=(--tree "$T" --int8-qk 2 --v-tile fp16 --contexts 2048,16384,65536,131072 --queries 16
-   --lazy 1)
-step c_noq_q16 python3 benchmarks/int8_ws_candidate.py "${A[@]}" --diagnose no-query-load \
-  --json "$W/c_noq_q16.json"
-step c_smem_q16 python3 benchmarks/int8_ws_candidate.py "${A[@]}" --epilogue smem \
-  --json "$W/c_smem_q16.json"
 LIM=300 TAILN=3 step cand python3 benchmarks/int8_ws_candidate.py --tree "$T" \
   --json "$W/cand.json"
