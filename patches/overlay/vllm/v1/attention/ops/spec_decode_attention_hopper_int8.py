@@ -168,6 +168,13 @@ def _low8(y):
 
 
 @gluon.jit
+def _low_term(x, r):
+    """The low int8 term of x (|x| <= 127) whose high term's code is r (as a float): 256
+    x the remainder, rounded as the high term is. The clamp keeps a tie's 128 a code."""
+    return _low8(gl.minimum(gl.maximum((x - r) * 256.0, -127.0), 127.0) + 12582912.0)
+
+
+@gluon.jit
 def _scale_column(x, at, layout: gl.constexpr, sc_layout: gl.constexpr):
     """Column ``at`` of a [TILE_N, 4] float32 tile (the scale, 4 x at bytes into
     each row's 16-byte box), in ``layout``."""
@@ -373,14 +380,46 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, ready, empty, w
 
 
 @gluon.jit
+def _query_scaled(q_ptr, r0, q_start, q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at,
+                  ROWS: gl.constexpr, G: gl.constexpr, WG_Q: gl.constexpr,
+                  ld_layout: gl.constexpr, kt_layout: gl.constexpr):
+    """Rows r0 .. r0 + ROWS of a consumer warpgroup's query tile (WG_Q tokens x G heads
+    from token qi0), shifted k_at columns right as K's boxes are (zeros where the boxes
+    hold other bytes), each scaled by 127 over its maximum for the int8 terms of the
+    Triton pass's _quantize_q: its two 128-column chunks and its tail, and the maxima."""
+    r = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ld_layout))
+    d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
+    qi = qi0 + r // G
+    row_ok = (r < WG_Q * G) & (qi < q_len)
+    q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
+    q_base = q_ptr + q_rows[:, None] + d[None, :]
+    qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :], other=0.0).to(gl.float32)
+    qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
+    rt = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, kt_layout))
+    dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
+    qit = qi0 + rt // G
+    q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
+                + (kv_head * G + rt % G) * stride_q_head)
+    qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
+    qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok, other=0.0).to(gl.float32)
+    amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
+                      gl.convert_layout(gl.max(gl.abs(qc), axis=1),
+                                        gl.SliceLayout(1, ld_layout)))
+    inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
+    inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
+                              gl.SliceLayout(1, kt_layout))[:, None]
+    return qa * inv, qb * inv, qc * inv_t, amax
+
+
+@gluon.jit
 def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi0, kv_head,
                       stride_q_tok, stride_q_head, k_at, G: gl.constexpr, WG_Q: gl.constexpr,
                       W: gl.constexpr, ld_layout: gl.constexpr, kt_layout: gl.constexpr,
                       out_layout: gl.constexpr):
-    """The consumer's quantization below, Q_CHUNKS row chunks at a time in a loop.
-    The codes go to the same tiles through views of QR-row chunks (QR a multiple of
-    8 keeps the tile's swizzle); each chunk's row maxima go to qsc, read back as one
-    row vector. Returns the rows' scales."""
+    """The consumer's quantization (_query_scaled), Q_CHUNKS row chunks at a time in a loop.
+    The codes go to the same tiles through views of QR-row chunks (QR a multiple of 8
+    keeps the tile's swizzle); each chunk's row maxima go to qsc, read back as one row
+    vector. Returns the rows' scales."""
     QR: gl.constexpr = WG_ROWS // Q_CHUNKS
     # A view's leading dimension is indexed, so its layout has one chunk's rank.
     codes: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8,
@@ -396,45 +435,18 @@ def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi
     lt_v = _view(qlt, gl.int8, [Q_CHUNKS, QR, KT], tail)
     sc_v = _view(qsc.index(W), gl.float32, [Q_CHUNKS, QR], flat1)
     for c in range(0, Q_CHUNKS):
-        r = c * QR + gl.arange(0, QR, layout=gl.SliceLayout(1, ld_layout))
-        d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
-        qi = qi0 + r // G
-        row_ok = (r < WG_Q * G) & (qi < q_len)
-        q_rows = ((q_start + qi).to(gl.int64) * stride_q_tok
-                  + (kv_head * G + r % G) * stride_q_head)
-        q_base = q_ptr + q_rows[:, None] + d[None, :]
-        qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :],
-                     other=0.0).to(gl.float32)
-        qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
-        rt = c * QR + gl.arange(0, QR, layout=gl.SliceLayout(1, kt_layout))
-        dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
-        qit = qi0 + rt // G
-        q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
-                    + (kv_head * G + rt % G) * stride_q_head)
-        qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
-        qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok,
-                     other=0.0).to(gl.float32)
-        amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
-                          gl.convert_layout(gl.max(gl.abs(qc), axis=1),
-                                            gl.SliceLayout(1, ld_layout)))
-        inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
-        inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
-                                  gl.SliceLayout(1, kt_layout))[:, None]
-        xa = qa * inv
-        xb = qb * inv
-        xc = qc * inv_t
+        xa, xb, xc, amax = _query_scaled(
+            q_ptr, c * QR, q_start, q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at,
+            QR, G, WG_Q, ld_layout, kt_layout)
         ya = xa + 12582912.0
         yb = xb + 12582912.0
         yc = xc + 12582912.0
         ha_v.index(c).store(_low8(ya))
         hb_v.index(c).store(_low8(yb))
         ht_v.index(c).store(_low8(yc))
-        la_v.index(c).store(_low8(gl.minimum(gl.maximum(
-            (xa - (ya - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
-        lb_v.index(c).store(_low8(gl.minimum(gl.maximum(
-            (xb - (yb - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
-        lt_v.index(c).store(_low8(gl.minimum(gl.maximum(
-            (xc - (yc - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
+        la_v.index(c).store(_low_term(xa, ya - 12582912.0))
+        lb_v.index(c).store(_low_term(xb, yb - 12582912.0))
+        lt_v.index(c).store(_low_term(xc, yc - 12582912.0))
         sc_v.index(c).store(amax)
     fence_async_shared()
     _partition_barrier()
@@ -484,35 +496,9 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
                                  WG_Q, W, ld_layout, kt_layout,
                                  gl.SliceLayout(1, s_layout))
     else:
-        r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
-        d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
-        qi = qi0 + r // G
-        row_ok = (r < WG_Q * G) & (qi < q_len)
-        q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
-        q_base = q_ptr + q_rows[:, None] + d[None, :]
-        qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :], other=0.0).to(gl.float32)
-        qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
-        rt = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kt_layout))
-        dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
-        qit = qi0 + rt // G
-        q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
-                    + (kv_head * G + rt % G) * stride_q_head)
-        qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
-        qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok, other=0.0).to(gl.float32)
-        amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
-                          gl.convert_layout(gl.max(gl.abs(qc), axis=1),
-                                            gl.SliceLayout(1, ld_layout)))
-        inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
-        inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
-                                  gl.SliceLayout(1, kt_layout))[:, None]
-        xa = qa * inv
-        xb = qb * inv
-        xc = qc * inv_t
-        # Rounded by adding 1.5 * 2**23 (|x| <= 127: the FP32 pipe rounds to an integer,
-        # ties to even, and leaves the code in the low byte; less the constant, the code as
-        # a float). floor() and float<->int conversions run on the conversion unit, 16 lanes
-        # a clock an SM; side by side on an H100 this rounding took 1.4-2.4 us off a call at
-        # q = 8 and 2.3-8.7 us at q = 16 (session 25).
+        xa, xb, xc, amax = _query_scaled(
+            q_ptr, 0, q_start, q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at,
+            WG_ROWS, G, WG_Q, ld_layout, kt_layout)
         ya = xa + 12582912.0
         yb = xb + 12582912.0
         yc = xc + 12582912.0
@@ -526,13 +512,9 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
         qh_smem.index(0).store(ha)
         qh_smem.index(1).store(hb)
         qht.store(hc)
-        # The low term's clamp keeps a tie's 128 a code.
-        ql_smem.index(0).store(_low8(
-            gl.minimum(gl.maximum((xa - ra) * 256.0, -127.0), 127.0) + 12582912.0))
-        ql_smem.index(1).store(_low8(
-            gl.minimum(gl.maximum((xb - rb) * 256.0, -127.0), 127.0) + 12582912.0))
-        qlt.store(_low8(
-            gl.minimum(gl.maximum((xc - rc) * 256.0, -127.0), 127.0) + 12582912.0))
+        ql_smem.index(0).store(_low_term(xa, ra))
+        ql_smem.index(1).store(_low_term(xb, rb))
+        qlt.store(_low_term(xc, rc))
         fence_async_shared()
     # The query's scale and qk_scale in one factor a row: a score costs one FMUL (by
     # K's scale) before the exponent's FFMA. Positive, so a masked -inf stays -inf.
