@@ -79,6 +79,7 @@ or checked and timed).
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import hashlib
 import importlib
@@ -231,6 +232,14 @@ def _rows8(x):
 
 
 @gluon.jit
+def _low_term(x, r):
+    """The low int8 term of x (|x| <= 127) whose high term's code is r (as a float), magic
+    rounding: 256 x the remainder, rounded as the high term is. The clamp keeps a tie's 128
+    a code."""
+    return _low8(gl.minimum(gl.maximum((x - r) * 256.0, -127.0), 127.0) + 12582912.0)
+
+
+@gluon.jit
 def _scale_column(x, at, layout: gl.constexpr, sc_layout: gl.constexpr):
     """Column ``at`` of a [TILE_N, 4] float32 tile: the scale, 4 x at bytes into each row's
     16-byte box. With the "direct" read each thread holds whole rows: the columns are split
@@ -259,7 +268,7 @@ SCALE_LOADS = {"convert": gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]),
 SCALE_LOAD_LAYOUT = gl.constexpr(SCALE_LOADS["convert"])
 SCALE_DIRECT = gl.constexpr(False)
 DIAGNOSES = {"none": 0, "load-only": 1, "compute-only": 2, "handshake-only": 3,
-             "no-store": 4, "no-query-load": 5}
+             "no-store": 4, "no-query-load": 5, "no-widen": 6, "no-qk": 7}
 # --pingpong (host side only: the kernel takes it as PP).
 PINGPONG = False
 # --pingpong-roles loader-default: the loader is the kernel's default partition (4 warps, the
@@ -369,9 +378,22 @@ Q_MAGIC = gl.constexpr(True)
 # memory. Side by side on the H100, N = 4 took 2.0 / 6.8 / 8.1 / 3.6 us off a call at 2k /
 # 16k / 64k / 128k, same error: the default. --q-chunks-one does the same with one
 # warpgroup (q <= 8), where it was 1.3-2.6 us slower (the default there is 1, the straight
-# run). Magic rounding only; ping-pong and --diagnose no-query-load keep the straight run.
+# run). Magic rounding only; ping-pong keeps the straight run.
 Q_CHUNKS = gl.constexpr(4)
 Q_CHUNKS_ONE = gl.constexpr(1)
+# --widen-at (session 27), two consumer warpgroups only: when each widens its half of V.
+# 0 "softmax": after its softmax, just before the barrier both wait on for P.V (the default).
+# Both warpgroups then leave that barrier together, so their Q.K and their softmax line up
+# and the tensor cores idle through the softmax. 1 "qk": between issuing the first Q.K term
+# and waiting for it, so the widening runs beside the MMA and the barrier is long passed
+# by P.V time. 2 "qk-both": both terms issued first (two accumulators live), then widened.
+WIDEN_AT = gl.constexpr(0)
+WIDEN_ATS = {"softmax": 0, "qk": 1, "qk-both": 2}
+# --partials (session 27, host side only): the dtype of the partial outputs the split pass
+# stores and the reduce pass reads. At q = 16 they are 12 MiB a call at 16k (96 rows x 256
+# float32 x 32 segments x 4 KV heads); float16 halves that. A partial is a weighted mean of
+# V rows, inside V's range; fp16 keeps 11 bits of it.
+PARTIALS = "fp32"
 
 
 @gluon.jit
@@ -523,6 +545,22 @@ def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, row_scale, start, kv_hi, c
 
 
 @gluon.jit
+def _widen_half(bufs, sc_bufs, vbf, vbft, widened, s, vdt: gl.constexpr, W: gl.constexpr,
+                ld_layout: gl.constexpr, vt_layout: gl.constexpr):
+    """Two consumer warpgroups: W widens V's chunk W of stage s into the stage's 16-bit
+    tile (W = 0 its tail too) and arrives on widened[s] once every thread's stores are in.
+    --diagnose no-widen leaves the loads and stores out (P.V reads whatever is there)."""
+    if DIAG != 6:
+        v8 = bufs.index(s * 4 + 2 + W).load(ld_layout)
+        vbf.index(s * 2 + W).store(_widen(v8, vdt))
+        if W == 0:
+            vbft.index(s).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
+    fence_async_shared()
+    _partition_barrier()
+    mbarrier.arrive(widened.index(s), count=1)
+
+
+@gluon.jit
 def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened,
            i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
            m_i, l_i, acc0, acc1, acc2, qk_scale,
@@ -542,16 +580,33 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
     phase = (i // STAGES) & 1
     start = kv_lo + i * TILE_N
     s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
+    vdt: gl.constexpr = vbf.dtype
+    EARLY: gl.constexpr = NUM_WG == 2 and not PP and WIDEN_AT > 0 and DIAG != 7
     mbarrier.wait(ready.index(s), phase)
-    si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
-    si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
-    if INT8_QK == 2:
-        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
-        sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
-        si = si * 256 + sl
+    # Diagnosis (--diagnose no-qk): no Q.K is issued; the scores are the tile's index (not
+    # a constant, so the softmax is not folded away; the outputs are wrong).
+    si = s_zero + i if DIAG == 7 else _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
+    if EARLY:
+        if INT8_QK == 2 and WIDEN_AT == 2:
+            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+        _widen_half(bufs, sc_bufs, vbf, vbft, widened, s, vdt, W, ld_layout, vt_layout)
+        if INT8_QK == 2 and WIDEN_AT == 2:
+            si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
+            si = si * 256 + sl
+        else:
+            si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+            if INT8_QK == 2:
+                sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+                sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
+                si = si * 256 + sl
+    elif DIAG != 7:
+        si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+        if INT8_QK == 2:
+            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+            sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
+            si = si * 256 + sl
     k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
     v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
-    vdt: gl.constexpr = vbf.dtype
     m_new, l_i, p, acc0, acc1, acc2 = _softmax8(
         si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2, q_sc, start,
         kv_hi, ctx, qi0, G, TILE_N, MASKED, LAZY, vdt, s_layout, o_layout,
@@ -586,13 +641,8 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
         # Two warpgroups share the widening: W widens V's chunk W into this stage's 16-bit
         # tile (W = 0 the tail too), and both wait for both halves. The stage (codes and
         # widened tiles) is released only after this warpgroup's P.V has read it.
-        v8 = bufs.index(s * 4 + 2 + W).load(ld_layout)
-        vbf.index(s * 2 + W).store(_widen(v8, vdt))
-        if W == 0:
-            vbft.index(s).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
-        fence_async_shared()
-        _partition_barrier()
-        mbarrier.arrive(widened.index(s), count=1)
+        if not EARLY:
+            _widen_half(bufs, sc_bufs, vbf, vbft, widened, s, vdt, W, ld_layout, vt_layout)
         mbarrier.wait(widened.index(s), phase)
         acc0 = warpgroup_mma(p, vbf.index(s * 2), acc0, is_async=True)
         acc1 = warpgroup_mma(p, vbf.index(s * 2 + 1), acc1, is_async=True)
@@ -657,12 +707,55 @@ def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_s
 
 
 @gluon.jit
+def _query_scaled(q_ptr, r0, q_start, q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at,
+                  ROWS: gl.constexpr, G: gl.constexpr, WG_Q: gl.constexpr,
+                  ld_layout: gl.constexpr, kt_layout: gl.constexpr):
+    """Rows r0 .. r0 + ROWS of a consumer warpgroup's query tile (WG_Q tokens x G heads from
+    token qi0), shifted k_at columns right as K's boxes are (zeros where the boxes hold other
+    bytes), each scaled by 127 over its maximum for the int8 terms of the Triton pass's
+    _quantize_q: its two 128-column chunks and its tail, and the maxima. The straight run
+    and --q-chunks both quantize through it."""
+    r = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ld_layout))
+    d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
+    qi = qi0 + r // G
+    row_ok = (r < WG_Q * G) & (qi < q_len)
+    q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
+    q_base = q_ptr + q_rows[:, None] + d[None, :]
+    if DIAG == 5:
+        # Diagnosis (--diagnose no-query-load): ones for the query, no global load.
+        qa = gl.where(row_ok[:, None] & (d >= 0)[None, :], 1.0, 0.0) + (d * 0.0)[None, :]
+        qb = gl.where(row_ok[:, None], 1.0, 0.0) + (d * 0.0)[None, :]
+    else:
+        qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :],
+                     other=0.0).to(gl.float32)
+        qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
+    rt = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, kt_layout))
+    dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
+    qit = qi0 + rt // G
+    q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
+                + (kv_head * G + rt % G) * stride_q_head)
+    qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
+    if DIAG == 5:
+        qc = gl.where(qc_ok, 1.0, 0.0)
+    else:
+        qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok,
+                     other=0.0).to(gl.float32)
+    amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
+                      gl.convert_layout(gl.max(gl.abs(qc), axis=1),
+                                        gl.SliceLayout(1, ld_layout)))
+    inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
+    inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
+                              gl.SliceLayout(1, kt_layout))[:, None]
+    return qa * inv, qb * inv, qc * inv_t, amax
+
+
+@gluon.jit
 def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi0, kv_head,
                       stride_q_tok, stride_q_head, k_at, G: gl.constexpr, WG_Q: gl.constexpr,
                       INT8_QK: gl.constexpr, W: gl.constexpr, CHUNKS: gl.constexpr,
                       ld_layout: gl.constexpr, kt_layout: gl.constexpr,
                       out_layout: gl.constexpr):
-    """--q-chunks: the consumer's straight-run quantization (magic rounding), CHUNKS row
+    """--q-chunks: the consumer's quantization (_query_scaled, magic rounding), CHUNKS row
     chunks at a time in a runtime loop. The codes go to the same shared tiles through views
     of QR-row chunks (QR a multiple of 8, so each chunk keeps the whole tile's swizzle); each
     chunk's row maxima go to qsc, read back as one row vector. Returns the rows' scales."""
@@ -682,33 +775,9 @@ def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi
     lt_v = _view(qlt, gl.int8, [CHUNKS, QR, KT], tail)
     sc_v = _view(qsc.index(W), gl.float32, [CHUNKS, QR], flat1)
     for c in range(0, CHUNKS):
-        r = c * QR + gl.arange(0, QR, layout=gl.SliceLayout(1, ld_layout))
-        d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
-        qi = qi0 + r // G
-        row_ok = (r < WG_Q * G) & (qi < q_len)
-        q_rows = ((q_start + qi).to(gl.int64) * stride_q_tok
-                  + (kv_head * G + r % G) * stride_q_head)
-        q_base = q_ptr + q_rows[:, None] + d[None, :]
-        qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :],
-                     other=0.0).to(gl.float32)
-        qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
-        rt = c * QR + gl.arange(0, QR, layout=gl.SliceLayout(1, kt_layout))
-        dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
-        qit = qi0 + rt // G
-        q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
-                    + (kv_head * G + rt % G) * stride_q_head)
-        qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
-        qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok,
-                     other=0.0).to(gl.float32)
-        amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
-                          gl.convert_layout(gl.max(gl.abs(qc), axis=1),
-                                            gl.SliceLayout(1, ld_layout)))
-        inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
-        inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
-                                  gl.SliceLayout(1, kt_layout))[:, None]
-        xa = qa * inv
-        xb = qb * inv
-        xc = qc * inv_t
+        xa, xb, xc, amax = _query_scaled(
+            q_ptr, c * QR, q_start, q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at,
+            QR, G, WG_Q, ld_layout, kt_layout)
         ya = xa + 12582912.0
         yb = xb + 12582912.0
         yc = xc + 12582912.0
@@ -716,12 +785,9 @@ def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi
         hb_v.index(c).store(_low8(yb))
         ht_v.index(c).store(_low8(yc))
         if INT8_QK == 2:
-            la_v.index(c).store(_low8(gl.minimum(gl.maximum(
-                (xa - (ya - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
-            lb_v.index(c).store(_low8(gl.minimum(gl.maximum(
-                (xb - (yb - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
-            lt_v.index(c).store(_low8(gl.minimum(gl.maximum(
-                (xc - (yc - 12582912.0)) * 256.0, -127.0), 127.0) + 12582912.0))
+            la_v.index(c).store(_low_term(xa, ya - 12582912.0))
+            lb_v.index(c).store(_low_term(xb, yb - 12582912.0))
+            lt_v.index(c).store(_low_term(xc, yc - 12582912.0))
         sc_v.index(c).store(amax)
     fence_async_shared()
     _partition_barrier()
@@ -772,52 +838,22 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # Query rows quantized per row to int8 (two terms with INT8_QK = 2), as _quantize_q,
     # shifted k_at columns right as K's boxes are: zeros where the boxes hold other bytes.
     qi0 = tile_q0 if PP else tile_q0 + W * WG_Q
-    # Row chunks of the query's quantization (--q-chunks; 1: the straight run).
-    QCH: gl.constexpr = (1 if PP or not Q_MAGIC or DIAG == 5
-                         else Q_CHUNKS if NUM_WG == 2 else Q_CHUNKS_ONE)
+    # Row chunks of the query's quantization (--q-chunks; 1: the straight run). The kernel
+    # decides: it allocates qsc, the chunks' float32 row maxima, exactly when they are used.
+    QCH: gl.constexpr = ((Q_CHUNKS if NUM_WG == 2 else Q_CHUNKS_ONE)
+                         if qsc.dtype == gl.float32 else 1)
     if QCH > 1:
         q_sc = _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len,
                                  qi0, kv_head, stride_q_tok, stride_q_head, k_at, G,
                                  WG_Q, INT8_QK, W, QCH, ld_layout, kt_layout,
                                  gl.SliceLayout(1, s_layout))
     else:
-        r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld_layout))
-        d = gl.arange(0, CH8, layout=gl.SliceLayout(0, ld_layout)) - k_at
-        qi = qi0 + r // G
-        row_ok = (r < WG_Q * G) & (qi < q_len)
-        q_rows = (q_start + qi).to(gl.int64) * stride_q_tok + (kv_head * G + r % G) * stride_q_head
-        q_base = q_ptr + q_rows[:, None] + d[None, :]
-        if DIAG == 5:
-            # Diagnosis (--diagnose no-query-load): ones for the query, no global load.
-            qa = gl.where(row_ok[:, None] & (d >= 0)[None, :], 1.0, 0.0) + (d * 0.0)[None, :]
-            qb = gl.where(row_ok[:, None], 1.0, 0.0) + (d * 0.0)[None, :]
-        else:
-            qa = gl.load(q_base, mask=row_ok[:, None] & (d >= 0)[None, :],
-                         other=0.0).to(gl.float32)
-            qb = gl.load(q_base + CH8, mask=row_ok[:, None], other=0.0).to(gl.float32)
-        rt = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kt_layout))
-        dt = gl.arange(0, KT, layout=gl.SliceLayout(0, kt_layout)) + 2 * CH8 - k_at
-        qit = qi0 + rt // G
-        q_rows_t = ((q_start + qit).to(gl.int64) * stride_q_tok
-                    + (kv_head * G + rt % G) * stride_q_head)
-        qc_ok = ((rt < WG_Q * G) & (qit < q_len))[:, None] & (dt < 2 * CH8)[None, :]
-        if DIAG == 5:
-            qc = gl.where(qc_ok, 1.0, 0.0)
-        else:
-            qc = gl.load(q_ptr + q_rows_t[:, None] + dt[None, :], mask=qc_ok,
-                         other=0.0).to(gl.float32)
-        amax = gl.maximum(gl.maximum(gl.max(gl.abs(qa), axis=1), gl.max(gl.abs(qb), axis=1)),
-                          gl.convert_layout(gl.max(gl.abs(qc), axis=1),
-                                            gl.SliceLayout(1, ld_layout)))
-        inv = (127.0 / gl.maximum(amax, 1.0e-30))[:, None]
-        inv_t = gl.convert_layout(127.0 / gl.maximum(amax, 1.0e-30),
-                                  gl.SliceLayout(1, kt_layout))[:, None]
-        xa = qa * inv
-        xb = qb * inv
-        xc = qc * inv_t
+        xa, xb, xc, amax = _query_scaled(
+            q_ptr, 0, q_start, q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at,
+            WG_ROWS, G, WG_Q, ld_layout, kt_layout)
         if Q_MAGIC:
             # |x| <= 127: x + 1.5 * 2**23 is rounded to an integer; less the constant, it is
-            # the code as a float. The low term's clamp keeps a tie's 128 a code.
+            # the code as a float.
             ya = xa + 12582912.0
             yb = xb + 12582912.0
             yc = xc + 12582912.0
@@ -839,12 +875,9 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
             qh_smem.index(1).store(hb)
             qht.store(hc)
             if INT8_QK == 2 and Q_MAGIC:
-                ql_smem.index(0).store(_low8(
-                    gl.minimum(gl.maximum((xa - ra) * 256.0, -127.0), 127.0) + 12582912.0))
-                ql_smem.index(1).store(_low8(
-                    gl.minimum(gl.maximum((xb - rb) * 256.0, -127.0), 127.0) + 12582912.0))
-                qlt.store(_low8(
-                    gl.minimum(gl.maximum((xc - rc) * 256.0, -127.0), 127.0) + 12582912.0))
+                ql_smem.index(0).store(_low_term(xa, ra))
+                ql_smem.index(1).store(_low_term(xb, rb))
+                qlt.store(_low_term(xc, rc))
             elif INT8_QK == 2:
                 ql_smem.index(0).store(_rows8((xa - ha.to(gl.float32)) * 256.0))
                 ql_smem.index(1).store(_rows8((xb - hb.to(gl.float32)) * 256.0))
@@ -1080,9 +1113,9 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
         ql = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, CH8], q8_layout)
         qht = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
         qlt = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
-        if (not PP and Q_MAGIC and DIAG != 5
-                and (Q_CHUNKS if NUM_WG == 2 else Q_CHUNKS_ONE) > 1):
-            # Each warpgroup's row maxima, as --q-chunks writes them a chunk at a time.
+        if not PP and Q_MAGIC and (Q_CHUNKS if NUM_WG == 2 else Q_CHUNKS_ONE) > 1:
+            # Each warpgroup's row maxima, as --q-chunks writes them a chunk at a time (the
+            # consumers chunk exactly when this is allocated: the one place of that rule).
             qsc = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS],
                                             gl.SwizzledSharedLayout(1, 1, 1, [0]))
         else:
@@ -1352,7 +1385,9 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
     plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
     signature: dict[str, str] = {}
     for name in fn.arg_names:
-        if name.startswith("part_"):
+        if name == "part_out_ptr":
+            signature[name] = "*" + PARTIALS
+        elif name.startswith("part_"):
             signature[name] = "*fp32"
         elif name == "q_ptr":
             signature[name] = "*bf16"
@@ -1458,20 +1493,27 @@ def main() -> int:
                         help="time the loader alone (load-only), the consumer alone "
                         "(compute-only), neither (handshake-only), the kernel without the "
                         "partials' stores (no-store) or without the query's loads "
-                        "(no-query-load); the outputs are wrong")
+                        "(no-query-load), with two consumer warpgroups without the V "
+                        "widening (no-widen), or without Q.K (no-qk); the outputs are wrong")
     parser.add_argument("--tile-n", type=int, choices=(32, 64), default=64,
                         help="keys a tile; at 32 a CTA's shared memory would let two share an "
                         "SM, but the launch's registers (8 warps x 168) allow one")
     parser.add_argument("--q-chunks", type=int, choices=(1, 2, 4, 8), default=4,
                         help="with two consumer warpgroups (q = 16): quantize the query this "
                         "many row chunks at a time in a loop (default 4; 1: one straight "
-                        "run); magic rounding only, not with --pingpong or --diagnose "
-                        "no-query-load (those keep the straight run)")
+                        "run); magic rounding only, not with --pingpong (which keeps the "
+                        "straight run)")
     parser.add_argument("--q-chunks-one", type=int, choices=(1, 2, 4, 8), default=1,
                         help="the same with one consumer warpgroup (q <= 8; default 1)")
     parser.add_argument("--q-round", choices=("floor", "magic"), default="magic",
                         help="how the query's codes are rounded: by adding 1.5 * 2**23, or "
                         "floor(x + 0.5) and conversions (before session 23)")
+    parser.add_argument("--widen-at", choices=sorted(WIDEN_ATS), default="softmax",
+                        help="two consumer warpgroups: each widens its half of V after its "
+                        "softmax (the default), while its first Q.K term runs (qk), or "
+                        "after issuing both terms (qk-both); see WIDEN_AT")
+    parser.add_argument("--partials", choices=("fp32", "fp16"), default="fp32",
+                        help="dtype of the partial outputs (see PARTIALS)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--probe-column", type=int, default=None,
                         help="on a GPU: load one TMA box from this byte column and say how "
@@ -1480,7 +1522,9 @@ def main() -> int:
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
     global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS, Q_MAGIC
-    global Q_CHUNKS, Q_CHUNKS_ONE
+    global Q_CHUNKS, Q_CHUNKS_ONE, WIDEN_AT, PARTIALS
+    PARTIALS = args.partials
+    WIDEN_AT = gl.constexpr(WIDEN_ATS[args.widen_at])
     Q_MAGIC = gl.constexpr(args.q_round == "magic")
     Q_CHUNKS = gl.constexpr(args.q_chunks)
     Q_CHUNKS_ONE = gl.constexpr(args.q_chunks_one)
@@ -1541,8 +1585,10 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
             + ("-vw" if V_LOAD_LAYOUT.value == V_LOADS["wide"] else "")
             + ("" if EPI_ROWS else "-ea") + ("-es" if EPI_SMEM else "")
             + {0: "", 1: "-loadonly", 2: "-computeonly", 3: "-handshake", 4: "-nostore",
-               5: "-noqload"}[DIAG.value]
-            + ("" if TILE_N == 64 else f"-t{TILE_N}") + ("" if Q_MAGIC else "-qf"))
+               5: "-noqload", 6: "-nowiden", 7: "-noqk"}[DIAG.value]
+            + ("" if TILE_N == 64 else f"-t{TILE_N}") + ("" if Q_MAGIC else "-qf")
+            + {0: "", 1: "-wq", 2: "-wqq"}[WIDEN_AT.value]
+            + ("" if PARTIALS == "fp32" else "-p16"))
 
 
 # sm_90's per-SM limits: shared memory (228 KiB, 1 KiB of it reserved a CTA) and registers.
@@ -1670,6 +1716,10 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
     env = {"torch": torch, "ref": ref, "sda": sda}
     heads = bench.NUM_KV_HEADS * bench.GROUP
     ws = sda.get_workspace(64, heads, bench.HEAD_SIZE, torch.device("cuda"))
+    # The candidate's own view of the workspace: the production plan keeps float32 partials.
+    cand_ws = copy.copy(ws)
+    if PARTIALS != "fp32":
+        cand_ws.part_out = torch.empty(ws.part_out.shape, dtype=torch.float16, device="cuda")
     copy_bw = bench.measure_copy_bandwidth(torch)
     scale = bench.HEAD_SIZE**-0.5
     rows = []
@@ -1713,6 +1763,9 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                    "shift_hints": VEC_SHIFTS.value,
                                    "epilogue_smem": EPI_SMEM.value,
                                    "q_magic": Q_MAGIC.value,
+                                   "partials": PARTIALS,
+                                   "widen_at": next(k for k, v in WIDEN_ATS.items()
+                                                    if v == WIDEN_AT.value),
                                    "block_table_ahead": BT_AHEAD.value,
                                    "epilogue_rows": (EPI_ROWS.value and not PINGPONG
                                                      and not OVERLAP
@@ -1733,9 +1786,9 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
 
                 def call(b: Any, o: Any, mode: int = mode, lazy: bool = lazy,
                          v_tile: str = v_tile, plan: Any = cand_plan) -> None:
-                    launch(b, ws, plan, scale * 1.4426950408889634, mode, stages, lazy, v_tile,
-                           PINGPONG, OVERLAP)
-                    sda.launch_reduce(o, b.cu_seqlens_q, b.max_query_len, ws, plan)
+                    launch(b, cand_ws, plan, scale * 1.4426950408889634, mode, stages, lazy,
+                           v_tile, PINGPONG, OVERLAP)
+                    sda.launch_reduce(o, b.cu_seqlens_q, b.max_query_len, cand_ws, plan)
 
                 try:
                     call(batches[0], outs[0])
