@@ -64,6 +64,10 @@ boxes, widening and 2- and 4-byte query loads and partial stores.
 stage (--stages 3) or, with --tile-n 32 --segments 64 --maxnreg 128 --v-widen consumer,
 for a second CTA an SM (spec_decode_attn.md, "Prepared for the next call"). Q.K on the
 fp16 wgmma over a widened K was slower from 64k on an H200 (session 21, same doc).
+Session 27 (same doc, "Where a tile's time goes"): --diagnose no-widen and no-qk split a
+tile's time by parts (at q = 16 even no Q.K at all leaves the call at 41-50 % of the floor
+from 64k); V widened beside Q.K at q = 16 (--widen-at), float16 partials (--partials) and
+one wait for both Q.K terms (--qk-wait once) measured no gain and stay off.
 
 Its online softmax, epilogue and compile signature repeat the series' Hopper modules and the
 compile report's on purpose: the candidate compiles without a patched tree.
@@ -389,6 +393,9 @@ Q_CHUNKS_ONE = gl.constexpr(1)
 # by P.V time. 2 "qk-both": both terms issued first (two accumulators live), then widened.
 WIDEN_AT = gl.constexpr(0)
 WIDEN_ATS = {"softmax": 0, "qk": 1, "qk-both": 2}
+# --qk-wait once (session 27): both Q.K terms issued before one wait (two score accumulators
+# live), not the second issued after the first's wait; "each" is the default.
+QK_ONCE = gl.constexpr(False)
 # --partials (session 27, host side only): the dtype of the partial outputs the split pass
 # stores and the reduce pass reads. At q = 16 they are 12 MiB a call at 16k (96 rows x 256
 # float32 x 32 segments x 4 KV heads); float16 halves that. A partial is a weighted mean of
@@ -599,6 +606,10 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
                 sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
                 sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
                 si = si * 256 + sl
+    elif DIAG != 7 and INT8_QK == 2 and QK_ONCE:
+        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+        si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
+        si = si * 256 + sl
     elif DIAG != 7:
         si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
         if INT8_QK == 2:
@@ -1512,6 +1523,9 @@ def main() -> int:
                         help="two consumer warpgroups: each widens its half of V after its "
                         "softmax (the default), while its first Q.K term runs (qk), or "
                         "after issuing both terms (qk-both); see WIDEN_AT")
+    parser.add_argument("--qk-wait", choices=("each", "once"), default="each",
+                        help="wait for each Q.K term before issuing the next (the default), or "
+                        "issue both and wait once (see QK_ONCE)")
     parser.add_argument("--partials", choices=("fp32", "fp16"), default="fp32",
                         help="dtype of the partial outputs (see PARTIALS)")
     parser.add_argument("--json", type=Path, default=None)
@@ -1522,7 +1536,8 @@ def main() -> int:
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
     global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS, Q_MAGIC
-    global Q_CHUNKS, Q_CHUNKS_ONE, WIDEN_AT, PARTIALS
+    global Q_CHUNKS, Q_CHUNKS_ONE, WIDEN_AT, PARTIALS, QK_ONCE
+    QK_ONCE = gl.constexpr(args.qk_wait == "once")
     PARTIALS = args.partials
     WIDEN_AT = gl.constexpr(WIDEN_ATS[args.widen_at])
     Q_MAGIC = gl.constexpr(args.q_round == "magic")
@@ -1588,7 +1603,7 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
                5: "-noqload", 6: "-nowiden", 7: "-noqk"}[DIAG.value]
             + ("" if TILE_N == 64 else f"-t{TILE_N}") + ("" if Q_MAGIC else "-qf")
             + {0: "", 1: "-wq", 2: "-wqq"}[WIDEN_AT.value]
-            + ("" if PARTIALS == "fp32" else "-p16"))
+            + ("" if PARTIALS == "fp32" else "-p16") + ("-qk1w" if QK_ONCE else ""))
 
 
 # sm_90's per-SM limits: shared memory (228 KiB, 1 KiB of it reserved a CTA) and registers.
@@ -1763,7 +1778,7 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                    "shift_hints": VEC_SHIFTS.value,
                                    "epilogue_smem": EPI_SMEM.value,
                                    "q_magic": Q_MAGIC.value,
-                                   "partials": PARTIALS,
+                                   "partials": PARTIALS, "qk_once": QK_ONCE.value,
                                    "widen_at": next(k for k, v in WIDEN_ATS.items()
                                                     if v == WIDEN_AT.value),
                                    "block_table_ahead": BT_AHEAD.value,
