@@ -396,6 +396,11 @@ WIDEN_ATS = {"softmax": 0, "qk": 1, "qk-both": 2}
 # --qk-wait once (session 27): both Q.K terms issued before one wait (two score accumulators
 # live), not the second issued after the first's wait; "each" is the default.
 QK_ONCE = gl.constexpr(False)
+# --q-regs (session 27): the query's high term as Q.K's A operand from registers, loaded
+# once a program, not from shared memory every tile (see spec_decode_attn.md, "Where a
+# tile's time goes": a q = 8 tile moves about 190 KB through shared memory, 36 KB of it the
+# query's two terms).
+Q_REGS = gl.constexpr(False)
 # --partials (session 27, host side only): the dtype of the partial outputs the split pass
 # stores and the reduce pass reads. At q = 16 they are 12 MiB a call at 16k (96 rows x 256
 # float32 x 32 segments x 4 KV heads); float16 halves that. A partial is a weighted mean of
@@ -414,13 +419,13 @@ def _k_tail(bufs, kt_bufs, s):
 
 
 @gluon.jit
-def _qk_term(q_smem, qt, bufs, kt_bufs, s, s_zero):
+def _qk_term(qa, qb, qt, bufs, kt_bufs, s, s_zero):
     """One query term's Q.K on stage s, issued and left running: K's two 128-byte chunks,
-    then its tail k-step."""
-    acc = warpgroup_mma(q_smem.index(0), bufs.index(s * 4).permute((1, 0)), s_zero,
-                        use_acc=False, is_async=True)
-    acc = warpgroup_mma(q_smem.index(1), bufs.index(s * 4 + 1).permute((1, 0)), acc,
+    then its tail k-step. The term's three A operands (qa, qb: its 128-column chunks; qt:
+    its tail) are shared memory, or registers with --q-regs."""
+    acc = warpgroup_mma(qa, bufs.index(s * 4).permute((1, 0)), s_zero, use_acc=False,
                         is_async=True)
+    acc = warpgroup_mma(qb, bufs.index(s * 4 + 1).permute((1, 0)), acc, is_async=True)
     return warpgroup_mma(qt, _k_tail(bufs, kt_bufs, s), acc, is_async=True)
 
 
@@ -576,26 +581,29 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
            NUM_WG: gl.constexpr, PP: gl.constexpr, s_layout: gl.constexpr,
            o_layout: gl.constexpr,
            o2_layout: gl.constexpr, p_layout: gl.constexpr, p2_layout: gl.constexpr,
-           ld_layout: gl.constexpr, vt_layout: gl.constexpr):
+           ld_layout: gl.constexpr, vt_layout: gl.constexpr, qa_r, qb_r, qt_r):
     """One tile of the segment for warpgroup W: Q.K, the online softmax and P.V. MASKED
     builds the causal and segment-end mask; the caller passes False only for tiles every row
     of the warpgroup sees whole. K's codes sit k_at bytes into their boxes (the query is
     shifted to match, zeros beside it); V's sit v_at bytes in, so the accumulators hold V's
-    column d at d + v_at (the epilogue shifts them back)."""
+    column d at d + v_at (the epilogue shifts them back). qa_r, qb_r and qt_r are the high
+    term's A operands (see _qk_term)."""
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     s = i % STAGES
     phase = (i // STAGES) & 1
     start = kv_lo + i * TILE_N
     s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
     vdt: gl.constexpr = vbf.dtype
+    ql0 = ql_smem.index(0)
+    ql1 = ql_smem.index(1)
     EARLY: gl.constexpr = NUM_WG == 2 and not PP and WIDEN_AT > 0 and DIAG != 7
     mbarrier.wait(ready.index(s), phase)
     # Diagnosis (--diagnose no-qk): no Q.K is issued; the scores are the tile's index (not
     # a constant, so the softmax is not folded away; the outputs are wrong).
-    si = s_zero + i if DIAG == 7 else _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
+    si = s_zero + i if DIAG == 7 else _qk_term(qa_r, qb_r, qt_r, bufs, kt_bufs, s, s_zero)
     if EARLY:
         if INT8_QK == 2 and WIDEN_AT == 2:
-            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+            sl = _qk_term(ql0, ql1, qlt, bufs, kt_bufs, s, s_zero)
         _widen_half(bufs, sc_bufs, vbf, vbft, widened, s, vdt, W, ld_layout, vt_layout)
         if INT8_QK == 2 and WIDEN_AT == 2:
             si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
@@ -603,17 +611,17 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
         else:
             si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
             if INT8_QK == 2:
-                sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+                sl = _qk_term(ql0, ql1, qlt, bufs, kt_bufs, s, s_zero)
                 sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
                 si = si * 256 + sl
     elif DIAG != 7 and INT8_QK == 2 and QK_ONCE:
-        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+        sl = _qk_term(ql0, ql1, qlt, bufs, kt_bufs, s, s_zero)
         si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
         si = si * 256 + sl
     elif DIAG != 7:
         si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
         if INT8_QK == 2:
-            sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+            sl = _qk_term(ql0, ql1, qlt, bufs, kt_bufs, s, s_zero)
             sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
             si = si * 256 + sl
     k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
@@ -685,9 +693,14 @@ def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_s
     start = kv_lo + i * TILE_N
     s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
     mbarrier.wait(ready.index(s), phase)
-    si = _qk_term(qh_smem, qht, bufs, kt_bufs, s, s_zero)
+    qa_r = qh_smem.index(0)
+    qb_r = qh_smem.index(1)
+    qt_r = qht
+    ql0 = ql_smem.index(0)
+    ql1 = ql_smem.index(1)
+    si = _qk_term(qa_r, qb_r, qt_r, bufs, kt_bufs, s, s_zero)
     if INT8_QK == 2:
-        sl = _qk_term(ql_smem, qlt, bufs, kt_bufs, s, s_zero)
+        sl = _qk_term(ql0, ql1, qlt, bufs, kt_bufs, s, s_zero)
     vdt: gl.constexpr = vbf.dtype
     for c in gl.static_range(2):
         v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
@@ -918,6 +931,20 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     # no masking block, and its compiled size is what each of its tiles issues.
     n_full = gl.minimum(gl.maximum(gl.minimum(ctx + qi0 + 1, kv_hi) - kv_lo, 0) // TILE_N,
                         n_tiles)
+    if Q_REGS and not OV:
+        # --q-regs: the high term's codes held in registers over the loop (36 a thread),
+        # so Q.K's first term reads only K from shared memory. Every thread's stores are in
+        # before any thread loads.
+        _partition_barrier()
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout,
+                                                     k_width=4)
+        qa_r = qh_smem.index(0).load(a_layout)
+        qb_r = qh_smem.index(1).load(a_layout)
+        qt_r = qht.load(a_layout)
+    else:
+        qa_r = qh_smem.index(0)
+        qb_r = qh_smem.index(1)
+        qt_r = qht
     STEP: gl.constexpr = 2 if PP else 1
     first = W if PP else 0
     tail = n_full + (n_full + W) % 2 if PP else n_full
@@ -951,7 +978,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
                 m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, False, LAZY, W, NUM_WG, PP, s_layout,
                 o_layout,
-                o2_layout, p_layout, p2_layout, ld_layout, vt_layout)
+                o2_layout, p_layout, p2_layout, ld_layout, vt_layout, qa_r, qb_r, qt_r)
         for i in range(tail, n_tiles, STEP):
             m_i, l_i, acc0, acc1, acc2 = _tile8(
                 qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
@@ -959,7 +986,7 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
                 m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, W, NUM_WG, PP, s_layout,
                 o_layout,
-                o2_layout, p_layout, p2_layout, ld_layout, vt_layout)
+                o2_layout, p_layout, p2_layout, ld_layout, vt_layout, qa_r, qb_r, qt_r)
 
     r_o = gl.arange(0, WG_ROWS, layout=row_layout)
     d_o = gl.arange(0, CH8, layout=gl.SliceLayout(0, o_layout)) - v_at
@@ -1523,6 +1550,9 @@ def main() -> int:
                         help="two consumer warpgroups: each widens its half of V after its "
                         "softmax (the default), while its first Q.K term runs (qk), or "
                         "after issuing both terms (qk-both); see WIDEN_AT")
+    parser.add_argument("--q-regs", action="store_true",
+                        help="the query's high term as Q.K's A operand from registers (see "
+                        "Q_REGS; not with --overlap)")
     parser.add_argument("--qk-wait", choices=("each", "once"), default="each",
                         help="wait for each Q.K term before issuing the next (the default), or "
                         "issue both and wait once (see QK_ONCE)")
@@ -1536,8 +1566,9 @@ def main() -> int:
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
     global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS, Q_MAGIC
-    global Q_CHUNKS, Q_CHUNKS_ONE, WIDEN_AT, PARTIALS, QK_ONCE
+    global Q_CHUNKS, Q_CHUNKS_ONE, WIDEN_AT, PARTIALS, QK_ONCE, Q_REGS
     QK_ONCE = gl.constexpr(args.qk_wait == "once")
+    Q_REGS = gl.constexpr(args.q_regs)
     PARTIALS = args.partials
     WIDEN_AT = gl.constexpr(WIDEN_ATS[args.widen_at])
     Q_MAGIC = gl.constexpr(args.q_round == "magic")
@@ -1603,7 +1634,8 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
                5: "-noqload", 6: "-nowiden", 7: "-noqk"}[DIAG.value]
             + ("" if TILE_N == 64 else f"-t{TILE_N}") + ("" if Q_MAGIC else "-qf")
             + {0: "", 1: "-wq", 2: "-wqq"}[WIDEN_AT.value]
-            + ("" if PARTIALS == "fp32" else "-p16") + ("-qk1w" if QK_ONCE else ""))
+            + ("" if PARTIALS == "fp32" else "-p16") + ("-qk1w" if QK_ONCE else "")
+            + ("-qr" if Q_REGS else ""))
 
 
 # sm_90's per-SM limits: shared memory (228 KiB, 1 KiB of it reserved a CTA) and registers.
@@ -1779,6 +1811,7 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                    "epilogue_smem": EPI_SMEM.value,
                                    "q_magic": Q_MAGIC.value,
                                    "partials": PARTIALS, "qk_once": QK_ONCE.value,
+                                   "q_regs": Q_REGS.value,
                                    "widen_at": next(k for k, v in WIDEN_ATS.items()
                                                     if v == WIDEN_AT.value),
                                    "block_table_ahead": BT_AHEAD.value,
