@@ -601,21 +601,14 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
     # Diagnosis (--diagnose no-qk): no Q.K is issued; the scores are the tile's index (not
     # a constant, so the softmax is not folded away; the outputs are wrong).
     si = s_zero + i if DIAG == 7 else _qk_term(qa_r, qb_r, qt_r, bufs, kt_bufs, s, s_zero)
-    if EARLY:
-        if INT8_QK == 2 and WIDEN_AT == 2:
-            sl = _qk_term(ql0, ql1, qlt, bufs, kt_bufs, s, s_zero)
-        _widen_half(bufs, sc_bufs, vbf, vbft, widened, s, vdt, W, ld_layout, vt_layout)
-        if INT8_QK == 2 and WIDEN_AT == 2:
-            si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
-            si = si * 256 + sl
-        else:
-            si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
-            if INT8_QK == 2:
-                sl = _qk_term(ql0, ql1, qlt, bufs, kt_bufs, s, s_zero)
-                sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
-                si = si * 256 + sl
-    elif DIAG != 7 and INT8_QK == 2 and QK_ONCE:
+    # Both terms issued before one wait (--qk-wait once, or --widen-at qk-both).
+    BOTH: gl.constexpr = (DIAG != 7 and INT8_QK == 2
+                          and (QK_ONCE or (EARLY and WIDEN_AT == 2)))
+    if BOTH:
         sl = _qk_term(ql0, ql1, qlt, bufs, kt_bufs, s, s_zero)
+    if EARLY:
+        _widen_half(bufs, sc_bufs, vbf, vbft, widened, s, vdt, W, ld_layout, vt_layout)
+    if BOTH:
         si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
         si = si * 256 + sl
     elif DIAG != 7:
@@ -1600,6 +1593,8 @@ def main() -> int:
     if EPI_SMEM and not WIDEN_WG and args.stages & (args.stages - 1):
         # The stages' float32 view must have a power-of-two shape (Triton 3.6 and 3.9).
         parser.error("--epilogue smem with --v-widen consumer takes 2 or 4 stages")
+    if OVERLAP and args.q_regs:
+        parser.error("--q-regs does not apply to --overlap's tile")
     if OVERLAP and (PINGPONG or args.queries != "8"):
         parser.error("--overlap takes one warpgroup of rows: --queries 8, no --pingpong")
     MAXNREG = args.maxnreg or MAXNREG
