@@ -59,7 +59,9 @@ def _served(record: dict[str, Any]) -> dict[str, Any]:
 
 def test_patched_tree_imports_on_the_gpu_machine(record: dict[str, Any]) -> None:
     assert record["cuda_available"] is True
-    assert "H200" in record["gpu"]
+    # A Hopper card (the lent machine is an H200 or an H100): the series' warp-specialised
+    # split passes are sm_90's, and the captured-graph test expects them taken.
+    assert any(card in record["gpu"] for card in ("H100", "H200")), record["gpu"]
     assert record["so_core"] == "present"
     assert record["imports"] == {m: "ok" for m in record["imports"]}
     assert "vllm._C_stable_libtorch" in record["imports"]
