@@ -16,6 +16,10 @@ SPEC=dflash2 runs up to three server lives with the DFlash2 drafter (dflash2_dra
 per lookup setting (DFLASH2_LIVES), each running the same greedy copy task (copy_task.py), as
 long as the budget leaves room for another life; the lives it had no time for are recorded.
 
+--ctx long (issue 21) serves SPEC=dflash2's CTX=long row instead (int8 KV on TRITON_ATTN) in
+two lives, with the split-KV verify pass and with the stock kernel (LONG_LIVES): the copy
+task, then a prompt near the context limit decoded with logprobs (long_verify).
+
 --kv kvarn (issue 24) serves one life on the KVarN cache as the planner's rows give it:
 ``CTX=huge`` single-user (without a speculator, or with MTP), or ``--profile batch`` with
 ``KV=kvarn`` (64 seats, async scheduling). EXTRA_ARGS carries only what the lent machine
@@ -529,25 +533,35 @@ def spec_delta(before: Any, after: Any) -> dict[str, Any]:
     return out
 
 
-def completion(base: str, key: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """One greedy completion with its token ids (the same request in every life)."""
+def completion(base: str, key: str, prompt: str, max_tokens: int, logprobs: bool = False,
+               timeout: float = 150, keep_prompt: bool = True) -> dict[str, Any]:
+    """One greedy completion with its token ids (the same request in every life); with
+    ``logprobs``, each sampled token's logprob too."""
     t0 = time.monotonic()
-    s, out = request(base, "/v1/completions", {
+    body: dict[str, Any] = {
         "model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "ignore_eos": True, "return_token_ids": True,
-    }, key, timeout=150)
+    }
+    if logprobs:
+        body["logprobs"] = 1
+    s, out = request(base, "/v1/completions", body, key, timeout=timeout)
     seconds = round(time.monotonic() - t0, 2)
     if s != 200:
         return {"status": s, "error": str(out)[-1500:], "seconds": seconds}
     choice = out["choices"][0]
-    return {
+    got: dict[str, Any] = {
         "status": s, "error": None, "seconds": seconds,
         "finish_reason": choice.get("finish_reason"),
-        "prompt_token_ids": choice.get("prompt_token_ids"),
+        "prompt_token_ids": choice.get("prompt_token_ids") if keep_prompt else None,
+        "prompt_tokens": out["usage"]["prompt_tokens"],
+        "cached_tokens": (out["usage"].get("prompt_tokens_details") or {}).get("cached_tokens"),
         "output_token_ids": choice.get("token_ids"),
         "completion_tokens": out["usage"]["completion_tokens"],
         "text_head": (choice.get("text") or "")[:300],
     }
+    if logprobs:
+        got["token_logprobs"] = (choice.get("logprobs") or {}).get("token_logprobs")
+    return got
 
 
 def margins(base: str, key: str, prompt_ids: list[int], output_ids: list[int]) -> dict[str, Any]:
@@ -638,6 +652,23 @@ DFLASH2_LIVES = (
     ("lookup=1 adaptive=0", {"LOOKUP": "1", "LOOKUP_ADAPTIVE": "0"}),
 )
 DFLASH_TOKENS = 15
+# --ctx long (issue 21): the planner's SPEC=dflash2 CTX=long row (int8 per-token-head KV on
+# TRITON_ATTN, 131,072 tokens) served twice, with the split-KV verify pass the plan turns on
+# and with vLLM's stock kernel (SPEC_ATTN=0): the same requests in both, so that their greedy
+# tokens and logprobs can be compared and their seconds read side by side. The plan's own
+# row names the backend and the cache, so these lives' EXTRA_ARGS leave both out.
+LONG_LIVES = (
+    ("ctx=long split", {"CTX": "long", "LOOKUP": "1", "LOOKUP_ADAPTIVE": "0"}),
+    ("ctx=long stock", {"CTX": "long", "LOOKUP": "1", "LOOKUP_ADAPTIVE": "0",
+                        "SPEC_ATTN": "0"}),
+)
+# The long-context step of those lives: a prompt near the row's 131,072-token limit (so the
+# verify batches split the context into many segments), decoded greedily with logprobs.
+LONG_VERIFY_TOKENS = 120_000
+LONG_VERIFY_DECODE = 128
+# A later long life starts only with this much of the budget left (a boot of the 27B's widths
+# on warm compile caches, the copy task, the long prompt and the SIGINT).
+LATER_LONG_LIFE_MIN_S = 170
 # A later life starts only with this much of the budget left: a boot on warm compile caches,
 # the copy task and the SIGINT.
 LATER_LIFE_MIN_S = 90
@@ -656,10 +687,32 @@ def resume_lives(rec: Record, earlier: dict[str, Any]) -> None:
     rec.set("resumed_from_unix", earlier.get("started_unix"))
 
 
+def long_verify(rec: Attempt, base: str, key: str, spec: str) -> None:
+    """The CTX=long lives' client side: the copy task (exercise_copy), then one prompt near
+    the context limit decoded greedily, its tokens and logprobs kept for the comparison; then
+    the same prompt again, which the prefix cache serves, so that its seconds are the decode's
+    (the verify batches at ~120k tokens of context) rather than the prefill's."""
+    exercise_copy(rec, base, key, spec)
+    text, tokens = long_prompt(base, key, LONG_VERIFY_TOKENS)
+    for name in ("long_verify", "long_repeat"):
+        _, before = request(base, "/metrics", None, key)
+        got = completion(base, key, text, LONG_VERIFY_DECODE, logprobs=True, timeout=600,
+                         keep_prompt=False)
+        _, after = request(base, "/metrics", None, key)
+        rec.set(name, {**got, "counted_prompt_tokens": tokens,
+                       "spec": spec_delta(before, after)})
+
+
 def run_dflash2(args: argparse.Namespace, extra: str, deadline: float, rec: Record) -> None:
-    """Up to three lives; each one the budget has no room for is recorded as skipped."""
+    """Up to three lives (two with --ctx long); each one the budget has no room for is
+    recorded as skipped."""
     if args.draft is None:
         raise SystemExit("--spec dflash2 needs --draft DIR (dflash2_drafter.py writes it)")
+    long_ctx = args.ctx == "long"
+    lives, later_min = (LONG_LIVES, LATER_LONG_LIFE_MIN_S) if long_ctx else (
+        DFLASH2_LIVES, LATER_LIFE_MIN_S)
+    if long_ctx:
+        extra = "--gdn-prefill-backend triton"
     # The drafter's attention backend is named, as for MTP: left out, it autoselects
     # FLASH_ATTN, whose FlashAttention-3 kernels do not travel (serve_on_device.sh).
     spec_cfg = json.dumps({"method": "dflash", "model": str(args.draft),
@@ -668,23 +721,24 @@ def run_dflash2(args: argparse.Namespace, extra: str, deadline: float, rec: Reco
     extra += f" --speculative-config '{spec_cfg}'"
     base_knobs = {"DRAFT": str(args.draft), "DFLASH_TOKENS": str(DFLASH_TOKENS),
                   "ASYNC_SCHED": "0"}
-    rec.set("dflash2", {"lives": [label for label, _ in DFLASH2_LIVES], "skipped": [],
-                        "dflash_tokens": DFLASH_TOKENS,
+    rec.set("dflash2", {"lives": [label for label, _ in lives], "skipped": [],
+                        "ctx": args.ctx, "dflash_tokens": DFLASH_TOKENS,
                         "drafter_config": json.loads((args.draft / "config.json").read_text()),
                         "copy_max_tokens": copy_task.COPY_MAX_TOKENS})
     served = {a["label"] for a in rec.data.get("attempts", [])}
-    for n, (label, knobs) in enumerate(DFLASH2_LIVES):
+    for n, (label, knobs) in enumerate(lives):
         if label in served:  # kept from the --resume record
             continue
         left = deadline - time.monotonic()
-        if n and left < LATER_LIFE_MIN_S:
+        if n and left < later_min:
             rec.data["dflash2"]["skipped"].append(
                 {"label": label, "reason": f"{left:.0f} s of the budget left, a life needs "
-                 f"{LATER_LIFE_MIN_S}"})
+                 f"{later_min}"})
             rec.save()
             continue
         serve_once(args, "dflash2", extra, deadline, rec.attempt(label),
-                   knobs={**base_knobs, **knobs}, work=exercise_copy, stop_margin_s=35)
+                   knobs={**base_knobs, **knobs},
+                   work=long_verify if long_ctx else exercise_copy, stop_margin_s=35)
 
 
 def _delta(before: Any, after: Any, name: str) -> float | None:
@@ -770,6 +824,9 @@ def main() -> int:
                    help="kvarn: one life on the KVarN cache as the plan gives it (KVARN_KNOBS)")
     p.add_argument("--profile", choices=tuple(KVARN_KNOBS), default="single-user",
                    help="--kv kvarn: CTX=huge single-user (--spec off or mtp) or batch KV=kvarn")
+    p.add_argument("--ctx", choices=("default", "long"), default="default",
+                   help="--spec dflash2: long serves the CTX=long row (int8 KV) with the "
+                   "split-KV verify pass and then with the stock kernel (LONG_LIVES)")
     p.add_argument("--budget-s", type=float, default=420)
     p.add_argument("--boot-timeout-s", type=float, default=300)
     p.add_argument("--base", type=Path, help="a JSON object to start the record from")
@@ -782,6 +839,8 @@ def main() -> int:
     args = p.parse_args()
     if args.kv == "kvarn" and args.spec not in ("off", "mtp"):
         p.error(f"--kv kvarn: --spec {args.spec} is not served on it; use off or mtp")
+    if args.ctx == "long" and (args.spec != "dflash2" or args.kv != "default"):
+        p.error("--ctx long: the CTX=long lives serve SPEC=dflash2 on the plan's int8 cache")
     if args.profile == "batch" and (args.kv != "kvarn" or args.spec != "off"):
         p.error("--profile batch: only the KV=kvarn life, with --spec off (batch has no "
                 "speculator)")

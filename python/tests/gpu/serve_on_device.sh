@@ -13,6 +13,11 @@
 #   a life whose cold boot outgrew its call is run alone in a later call, the lives served
 #   earlier carried over from that call's record (same series only):
 #     SPEC=dflash2 RESUME=.device/gpue2e/earlier.json BOOT_TIMEOUT_S=420 BUDGET_S=500 ...
+#   or, for the CTX=long lives (issue 21: int8 KV on TRITON_ATTN, the split-KV verify pass
+#   and then the stock kernel, the 27B's attention widths so that sm_90 takes the int8
+#   Hopper pass), call 2 is:
+#     SPEC=dflash2 LIFE_CTX=long SHAPE=27b BOOT_TIMEOUT_S=330 BUDGET_S=530 \
+#       bash .device/gpue2e/serve_on_device.sh
 #   or, for the KVarN life (issue 24: the kvarn cache, no speculator), call 2 is:
 #     LIFE_KV=kvarn SPEC=off BUDGET_S=400 bash .device/gpue2e/serve_on_device.sh
 #   which first drives the KVARN backend's builder and forward over the patch tier's token
@@ -35,6 +40,7 @@ SPEC=${SPEC:-mtp}
 LIFE_KV=${LIFE_KV:-default}
 PROFILE=${PROFILE:-single-user}
 SHAPE=${SHAPE:-demo}
+LIFE_CTX=${LIFE_CTX:-default}
 BUDGET_S=${BUDGET_S:-400}
 PY=${PY:-python3}
 mkdir -p "$WORK" "$OUT"
@@ -136,7 +142,15 @@ fi
 
 if [ "${DRY:-0}" = 1 ]; then
   EXTRA="--attention-backend TRITON_ATTN --gdn-prefill-backend triton"
-  if [ "$SPEC" = dflash2 ]; then
+  if [ "$SPEC" = dflash2 ] && [ "$LIFE_CTX" = long ]; then
+    # The knobs each life of exercise_server.py (LONG_LIVES) sets.
+    for knobs in "LOOKUP=1 LOOKUP_ADAPTIVE=0" "LOOKUP=1 LOOKUP_ADAPTIVE=0 SPEC_ATTN=0"; do
+      note "plan for CTX=long $knobs"
+      env $knobs CTX=long MODEL="$MODEL" SPEC=dflash2 DRAFT="$DRAFTER" DFLASH_TOKENS=15 \
+        ASYNC_SCHED=0 PREFIX_CACHE=1 EXTRA_ARGS="--gdn-prefill-backend triton" \
+        "$PY" -m qwen3090 plan || exit 4
+    done
+  elif [ "$SPEC" = dflash2 ]; then
     # The knobs each life of exercise_server.py (DFLASH2_LIVES) sets.
     for lookup in "LOOKUP=0" "LOOKUP=1 LOOKUP_ADAPTIVE=1" "LOOKUP=1 LOOKUP_ADAPTIVE=0"; do
       note "plan for $lookup"
@@ -166,6 +180,7 @@ if [ "$LIFE_KV" = kvarn ] && [ "${LIFE_KV_PROBE:-1}" = 1 ]; then
 fi
 "$PY" "$BUNDLE/exercise_server.py" --model "$MODEL" --out "$OUT/result.json" \
   --log "$WORK/server.log" --spec "$SPEC" --kv "$LIFE_KV" --profile "$PROFILE" \
+  --ctx "$LIFE_CTX" \
   --budget-s "$BUDGET_S" --base "$BASE" \
   --boot-timeout-s "${BOOT_TIMEOUT_S:-300}" ${RESUME:+--resume "$RESUME"} \
   ${DRAFT_ARGS[@]+"${DRAFT_ARGS[@]}"}

@@ -6,8 +6,8 @@ When vLLM imports ``vllm.v1.attention.ops.spec_decode_attention``, its
 to count taken calls, split by whether the current CUDA stream was capturing a graph: a call
 taken while capturing is baked into that graph and runs on every replay, which is what the
 end-to-end tier must show. Lines go to stderr (the server log) as
-``gpue2e-probe: spec-decode-attn taken capturing=<bool> count=<n> kernel=<name>`` at counts
-1, 10, 100 and 1000 of each kind.
+``gpue2e-probe: spec-decode-attn taken capturing=<bool> count=<n> kernel=<name> cache=<dtype>``
+at counts 1, 10, 100 and 1000 of each kind (capturing or not, and the KV cache's dtype).
 
 vLLM's API server answers an exception it did not expect with a 500 whose message is the
 exception's text, and logs only its type at debug level; an exception without text (a bare
@@ -49,18 +49,22 @@ def _wrap_spec_attn(module: ModuleType) -> None:
 
     cls = module.SpecDecodeAttention
     original = cls.forward
-    counts: dict[bool, int] = {True: 0, False: 0}
+    counts: dict[tuple[bool, str], int] = {}
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         taken = original(self, *args, **kwargs)
         if taken:
             capturing = bool(torch.cuda.is_current_stream_capturing())
-            counts[capturing] += 1
-            if counts[capturing] in REPORT_AT:
+            # forward(query, key_cache, ...): the cache's dtype tells the int8 Hopper pass
+            # from the 16-bit one, which share the plan's kernel name.
+            cache = kwargs.get("key_cache", args[1] if len(args) > 1 else None)
+            dtype = str(getattr(cache, "dtype", None)).removeprefix("torch.")
+            n = counts[capturing, dtype] = counts.get((capturing, dtype), 0) + 1
+            if n in REPORT_AT:
                 kernel = getattr(getattr(self, "last_plan", None), "kernel", None)
                 print(
                     f"gpue2e-probe: spec-decode-attn taken capturing={capturing} "
-                    f"count={counts[capturing]} kernel={kernel}",
+                    f"count={n} kernel={kernel} cache={dtype}",
                     file=sys.stderr, flush=True,
                 )
         return taken
