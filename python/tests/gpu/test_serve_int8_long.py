@@ -191,3 +191,27 @@ def test_split_and_stock_decode_the_same_tokens_and_logprobs(record: dict[str, A
     print(f"  copy task: split {split['copy']['seconds']} s, stock {stock['copy']['seconds']} s")
     assert n > 0, "the long prompt's first token already differs"
     assert max(diffs) <= NEAR_TIE, diffs
+
+
+def test_the_cached_long_prompt_decodes_the_same_tokens(record: dict[str, Any]) -> None:
+    """The long prompt a second time: the prefix cache serves nearly all of it, so the
+    request is the decode alone (the verify batches at ~120k tokens of context). Its greedy
+    tokens are the first request's (except at a near-tie); its seconds, split against stock,
+    are printed side by side (a figure, not a check)."""
+    lives = {label: _life(record, label) for label in (SPLIT, STOCK)}
+    if not all("long_repeat" in life for life in lives.values()):
+        pytest.skip("the record predates the cached long prompt (exercise_server.long_verify)")
+    seconds = {}
+    for label, life in lives.items():
+        first, again = life["long_verify"], life["long_repeat"]
+        assert again["status"] == 200 and again["error"] is None, (label, again)
+        assert again["cached_tokens"] >= 0.9 * again["prompt_tokens"], (label, again)
+        lps = again["token_logprobs"]
+        assert len(lps) == LONG_DECODE and all(math.isfinite(x) for x in lps), label
+        at = copy_task.first_divergence(first["output_token_ids"], again["output_token_ids"])
+        assert at is None or _near_tie_at(life, "long", at), (label, at)
+        seconds[label] = again["seconds"]
+    steps = lives[SPLIT]["long_repeat"]["spec"]["drafts"]
+    print(f"\n  cached long prompt, {LONG_DECODE} tokens decoded in {steps} verify steps: "
+          f"split {seconds[SPLIT]} s, stock {seconds[STOCK]} s "
+          f"({seconds[STOCK] / seconds[SPLIT]:.2f}x)")
