@@ -17,8 +17,10 @@ per lookup setting (DFLASH2_LIVES), each running the same greedy copy task (copy
 long as the budget leaves room for another life; the lives it had no time for are recorded.
 
 --ctx long (issue 21) serves SPEC=dflash2's CTX=long row instead (int8 KV on TRITON_ATTN) in
-two lives, with the split-KV verify pass and with the stock kernel (LONG_LIVES): the copy
-task, then a prompt near the context limit decoded with logprobs (long_verify).
+three lives (LONG_LIVES): with the split-KV verify pass, with the stock kernel, and with the
+split pass's Hopper kernel turned off by the probe (the Triton pass a 3090 runs). Each runs
+the copy task, then a prompt near the context limit decoded with logprobs, twice: the second
+time from the prefix cache (long_verify).
 
 --kv kvarn (issue 24) serves one life on the KVarN cache as the planner's rows give it:
 ``CTX=huge`` single-user (without a speculator, or with MTP), or ``--profile batch`` with
@@ -657,10 +659,14 @@ DFLASH_TOKENS = 15
 # and with vLLM's stock kernel (SPEC_ATTN=0): the same requests in both, so that their greedy
 # tokens and logprobs can be compared and their seconds read side by side. The plan's own
 # row names the backend and the cache, so these lives' EXTRA_ARGS leave both out.
+# A third life serves the split pass with the Hopper pass turned off by the probe
+# (GPUE2E_SPLIT=triton, probe/sitecustomize.py): the portable Triton pass a 3090 runs.
 LONG_LIVES = (
     ("ctx=long split", {"CTX": "long", "LOOKUP": "1", "LOOKUP_ADAPTIVE": "0"}),
     ("ctx=long stock", {"CTX": "long", "LOOKUP": "1", "LOOKUP_ADAPTIVE": "0",
                         "SPEC_ATTN": "0"}),
+    ("ctx=long split triton", {"CTX": "long", "LOOKUP": "1", "LOOKUP_ADAPTIVE": "0",
+                               "GPUE2E_SPLIT": "triton"}),
 )
 # The long-context step of those lives: a prompt near the row's 131,072-token limit (so the
 # verify batches split the context into many segments), decoded greedily with logprobs.
@@ -704,7 +710,7 @@ def long_verify(rec: Attempt, base: str, key: str, spec: str) -> None:
 
 
 def run_dflash2(args: argparse.Namespace, extra: str, deadline: float, rec: Record) -> None:
-    """Up to three lives (two with --ctx long); each one the budget has no room for is
+    """Up to three lives; each one the budget has no room for is
     recorded as skipped."""
     if args.draft is None:
         raise SystemExit("--spec dflash2 needs --draft DIR (dflash2_drafter.py writes it)")

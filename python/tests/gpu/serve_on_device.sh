@@ -13,9 +13,9 @@
 #   a life whose cold boot outgrew its call is run alone in a later call, the lives served
 #   earlier carried over from that call's record (same series only):
 #     SPEC=dflash2 RESUME=.device/gpue2e/earlier.json BOOT_TIMEOUT_S=420 BUDGET_S=500 ...
-#   or, for the CTX=long lives (issue 21: int8 KV on TRITON_ATTN, the split-KV verify pass
-#   and then the stock kernel, the 27B's attention widths so that sm_90 takes the int8
-#   Hopper pass), call 2 is:
+#   or, for the CTX=long lives (issue 21: int8 KV on TRITON_ATTN, the split-KV verify pass,
+#   the stock kernel, then the split pass with the Hopper pass turned off; the 27B's
+#   attention widths so that sm_90 takes the int8 Hopper pass), call 2 is:
 #     SPEC=dflash2 LIFE_CTX=long SHAPE=27b BOOT_TIMEOUT_S=330 BUDGET_S=530 \
 #       bash .device/gpue2e/serve_on_device.sh
 #   or, for the KVarN life (issue 24: the kvarn cache, no speculator), call 2 is:
@@ -144,7 +144,8 @@ if [ "${DRY:-0}" = 1 ]; then
   EXTRA="--attention-backend TRITON_ATTN --gdn-prefill-backend triton"
   if [ "$SPEC" = dflash2 ] && [ "$LIFE_CTX" = long ]; then
     # The knobs each life of exercise_server.py (LONG_LIVES) sets.
-    for knobs in "LOOKUP=1 LOOKUP_ADAPTIVE=0" "LOOKUP=1 LOOKUP_ADAPTIVE=0 SPEC_ATTN=0"; do
+    for knobs in "LOOKUP=1 LOOKUP_ADAPTIVE=0" "LOOKUP=1 LOOKUP_ADAPTIVE=0 SPEC_ATTN=0" \
+        "LOOKUP=1 LOOKUP_ADAPTIVE=0 GPUE2E_SPLIT=triton"; do
       note "plan for CTX=long $knobs"
       env $knobs CTX=long MODEL="$MODEL" SPEC=dflash2 DRAFT="$DRAFTER" DFLASH_TOKENS=15 \
         ASYNC_SCHED=0 PREFIX_CACHE=1 EXTRA_ARGS="--gdn-prefill-backend triton" \

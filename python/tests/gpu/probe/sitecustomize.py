@@ -8,6 +8,9 @@ taken while capturing is baked into that graph and runs on every replay, which i
 end-to-end tier must show. Lines go to stderr (the server log) as
 ``gpue2e-probe: spec-decode-attn taken capturing=<bool> count=<n> kernel=<name> cache=<dtype>``
 at counts 1, 10, 100 and 1000 of each kind (capturing or not, and the KV cache's dtype).
+With ``GPUE2E_SPLIT=triton`` in the environment it also turns the warp-specialised Hopper
+pass off, so that a Hopper card serves through the portable Triton split pass (what an RTX
+3090 runs); the patch itself has no such switch.
 
 vLLM's API server answers an exception it did not expect with a 500 whose message is the
 exception's text, and logs only its type at debug level; an exception without text (a bare
@@ -20,6 +23,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 from types import ModuleType
 from typing import Any
@@ -71,6 +75,12 @@ def _wrap_spec_attn(module: ModuleType) -> None:
 
     cls.forward = forward
     print("gpue2e-probe: spec-decode-attn forward wrapped", file=sys.stderr, flush=True)
+    if os.environ.get("GPUE2E_SPLIT") == "triton":
+        # The portable Triton split pass on a Hopper card: the kernel a 3090 runs, served.
+        # The workspace asks hopper_available() once, by its module-level name.
+        setattr(module, "hopper_available", lambda device: False)  # noqa: B010
+        print("gpue2e-probe: spec-decode-attn Hopper pass turned off (GPUE2E_SPLIT=triton)",
+              file=sys.stderr, flush=True)
 
 
 WRAPPERS = {SPEC_ATTN: _wrap_spec_attn, ERROR_RESPONSE: _wrap_error_response}
