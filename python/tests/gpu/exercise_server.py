@@ -655,12 +655,11 @@ DFLASH2_LIVES = (
 )
 DFLASH_TOKENS = 15
 # --ctx long (issue 21): the planner's SPEC=dflash2 CTX=long row (int8 per-token-head KV on
-# TRITON_ATTN, 131,072 tokens) served twice, with the split-KV verify pass the plan turns on
-# and with vLLM's stock kernel (SPEC_ATTN=0): the same requests in both, so that their greedy
-# tokens and logprobs can be compared and their seconds read side by side. The plan's own
-# row names the backend and the cache, so these lives' EXTRA_ARGS leave both out.
-# A third life serves the split pass with the Hopper pass turned off by the probe
-# (GPUE2E_SPLIT=triton, probe/sitecustomize.py): the portable Triton pass a 3090 runs.
+# TRITON_ATTN, 131,072 tokens) served with the split-KV verify pass the plan turns on, with
+# vLLM's stock kernel (SPEC_ATTN=0), and with the Hopper pass turned off by the probe
+# (GPUE2E_SPLIT=triton, probe/sitecustomize.py: the portable Triton pass a 3090 runs). The
+# same requests in each, so that greedy tokens and logprobs compare and seconds read side by
+# side. The plan's own row names the backend and the cache, so EXTRA_ARGS leaves both out.
 LONG_LIVES = (
     ("ctx=long split", {"CTX": "long", "LOOKUP": "1", "LOOKUP_ADAPTIVE": "0"}),
     ("ctx=long stock", {"CTX": "long", "LOOKUP": "1", "LOOKUP_ADAPTIVE": "0",
@@ -710,8 +709,7 @@ def long_verify(rec: Attempt, base: str, key: str, spec: str) -> None:
 
 
 def run_dflash2(args: argparse.Namespace, extra: str, deadline: float, rec: Record) -> None:
-    """Up to three lives; each one the budget has no room for is
-    recorded as skipped."""
+    """Up to three lives; each one the budget has no room for is recorded as skipped."""
     if args.draft is None:
         raise SystemExit("--spec dflash2 needs --draft DIR (dflash2_drafter.py writes it)")
     long_ctx = args.ctx == "long"

@@ -48,37 +48,43 @@ def record() -> dict[str, Any]:
     return data
 
 
-def _attempts(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def attempts_by_label(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {a["label"]: a for a in record.get("attempts", [])}
 
 
-def _life(record: dict[str, Any], label: str) -> dict[str, Any]:
-    """The life ``label`` with its copy task done; skips naming what stopped it."""
+def served_life(record: dict[str, Any], label: str, step: str) -> dict[str, Any]:
+    """The life ``label`` of a SPEC=dflash2 record with its ``step`` done; skips naming what
+    stopped it (test_serve_int8_long.py reads its CTX=long record the same way)."""
     skipped = {s["label"]: s["reason"] for s in record["dflash2"]["skipped"]}
     if label in skipped:
         pytest.skip(f"the {label} life did not run: {skipped[label]}")
-    life = _attempts(record).get(label)
+    life = attempts_by_label(record).get(label)
     if life is None:
         pytest.skip(f"the run ended before the {label} life")
     if not life.get("health", {}).get("ok"):
         pytest.skip(f"the {label} life never served; its wall: {life.get('wall')}")
-    if "copy" not in life:
-        pytest.skip(f"the {label} life served but the copy task did not run: "
+    if step not in life:
+        pytest.skip(f"the {label} life served but did not reach its {step} step: "
                     f"{str(life.get('exercise_error'))[-600:]}")
     return life
+
+
+def _life(record: dict[str, Any], label: str) -> dict[str, Any]:
+    """The life ``label`` with its copy task done."""
+    return served_life(record, label, "copy")
 
 
 def _skip_unless(found: object, record: dict[str, Any], what: str) -> None:
     """Skips when ``found`` is empty, naming each attempted life's wall."""
     if not found:
         walls = {label: a.get("wall") or str(a.get("exercise_error"))[-300:]
-                 for label, a in _attempts(record).items()}
+                 for label, a in attempts_by_label(record).items()}
         pytest.skip(f"{what}; the lives' walls: {walls}")
 
 
 def _ran(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The lives that served and ran the copy task, by label."""
-    return {label: a for label, a in _attempts(record).items()
+    return {label: a for label, a in attempts_by_label(record).items()
             if a.get("health", {}).get("ok") and "copy" in a}
 
 
@@ -86,7 +92,7 @@ def test_every_life_ran_or_is_named_skipped(record: dict[str, Any]) -> None:
     planned = record["dflash2"]["lives"]
     assert planned == [OFF, ADAPTIVE, FIXED]
     labels = [a["label"] for a in record.get("attempts", [])]
-    attempted = list(_attempts(record))
+    attempted = list(attempts_by_label(record))
     assert len(labels) == len(attempted), f"a life is recorded twice: {labels}"
     skipped = record["dflash2"]["skipped"]
     # A resumed record (exercise_server.py --resume) lists the lives carried over first.
@@ -105,7 +111,7 @@ def test_the_plan_and_the_server_saw_the_lookup_knobs(record: dict[str, Any]) ->
         ADAPTIVE: ({"VLLM_DFLASH2_LOOKUP": "1", "VLLM_DFLASH2_LOOKUP_ADAPTIVE": "1"}, True),
     }
     checked = 0
-    for label, life in _attempts(record).items():
+    for label, life in attempts_by_label(record).items():
         if not life.get("health", {}).get("ok"):
             continue
         env_want, adaptive_want = want[label]
@@ -202,7 +208,7 @@ def test_lookup_gives_more_tokens_per_step_where_the_output_repeats(
     figures = [f"copy task, {len(off['output_token_ids'])} greedy tokens, "
                f"{repeats:.0%} of them at a repeated {copy_task.KEY_TOKENS}-token key",
                f"  {OFF}: {base:.2f} tokens per step"]
-    lookups = {label: _attempts(record)[label] for label in LOOKUP_LIVES
+    lookups = {label: attempts_by_label(record)[label] for label in LOOKUP_LIVES
                if label in _ran(record)}
     for label, life in lookups.items():
         figures.append(f"  {label}: {life['copy']['spec']['tokens_per_step']:.2f} tokens per "

@@ -25,6 +25,7 @@ import pytest
 
 from qwen3090.patchtool import load_series
 from tests.gpu import copy_task
+from tests.gpu.test_serve_dflash2 import attempts_by_label, served_life
 from tests.gpu.test_serve_on_device import PATCHES, RERUN, load_record
 
 pytestmark = pytest.mark.gpu
@@ -53,24 +54,9 @@ def record() -> dict[str, Any]:
     return data
 
 
-def _attempts(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {a["label"]: a for a in record.get("attempts", [])}
-
-
 def _life(record: dict[str, Any], label: str) -> dict[str, Any]:
-    """The life ``label`` with its long-context step done; skips naming what stopped it."""
-    skipped = {s["label"]: s["reason"] for s in record["dflash2"]["skipped"]}
-    if label in skipped:
-        pytest.skip(f"the {label} life did not run: {skipped[label]}")
-    life = _attempts(record).get(label)
-    if life is None:
-        pytest.skip(f"the run ended before the {label} life")
-    if not life.get("health", {}).get("ok"):
-        pytest.skip(f"the {label} life never served; its wall: {life.get('wall')}")
-    if "long_verify" not in life:
-        pytest.skip(f"the {label} life served but did not reach the long prompt: "
-                    f"{str(life.get('exercise_error'))[-600:]}")
-    return life
+    """The life ``label`` with its long-context step done."""
+    return served_life(record, label, "long_verify")
 
 
 def _runs(life: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -95,7 +81,7 @@ def test_the_plan_serves_int8_kv_on_triton_attn(record: dict[str, Any]) -> None:
     the launcher exec'd exactly that."""
     want = {SPLIT: "1", STOCK: "0", TRITON: "1"}
     checked = 0
-    for label, life in _attempts(record).items():
+    for label, life in attempts_by_label(record).items():
         if not life.get("health", {}).get("ok"):
             continue
         plan = life["plan"]
@@ -157,7 +143,7 @@ def test_the_stock_life_took_no_split_call(record: dict[str, Any]) -> None:
 def _served_lives(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The split and stock lives (skips without either), and the Triton one when it ran."""
     lives = {label: _life(record, label) for label in (SPLIT, STOCK)}
-    triton = _attempts(record).get(TRITON)
+    triton = attempts_by_label(record).get(TRITON)
     if triton and triton.get("health", {}).get("ok") and "long_verify" in triton:
         lives[TRITON] = triton
     return lives
