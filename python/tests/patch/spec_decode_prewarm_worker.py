@@ -31,10 +31,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-# The model's attention shapes (Qwen3.8-27B: 24 query heads over 4 KV heads of 256) and an
-# SPEC=mtp-like plan: k = 3 drafts (QMAX 4), 4 sequences.
+# The model's attention shapes (Qwen3.8-27B: 24 query heads over 4 KV heads of 256) and, by
+# default, an SPEC=mtp-like plan: k = 3 drafts (QMAX 4), 4 sequences (--drafts, --max-seqs:
+# SPEC=dflash2's DFLASH_TOKENS 15 is --drafts 15).
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 24, 4, 256, 16
-K, QMAX, MAX_SEQS = 3, 4, 4
+K, MAX_SEQS = 3, 4
+# What an RTX 3090 (sm_86) tells the planner (--card rtx3090): shared memory a block may opt
+# into, and its SMs.
+RTX3090_SMEM, RTX3090_SMS = 99 << 10, 82
 # The runner's block table is [max_num_reqs, width]; 233 blocks of 16 (a 3,728-token
 # max_model_len) is a row stride Triton does not specialise as a multiple of 16 (--width).
 WIDTH = 233
@@ -85,11 +89,11 @@ class CompileLedger:
         return self.decline
 
 
-def _config(torch: Any, context: dict[str, Any]) -> SimpleNamespace:
+def _config(torch: Any, context: dict[str, Any], drafts: int, max_seqs: int) -> SimpleNamespace:
     """The fields of VllmConfig that the impls and kernel_warmup read."""
     return SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=MAX_SEQS, max_num_batched_tokens=2048),
-        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_seqs, max_num_batched_tokens=2048),
+        speculative_config=SimpleNamespace(num_speculative_tokens=drafts),
         parallel_config=SimpleNamespace(decode_context_parallel_size=1),
         model_config=SimpleNamespace(
             dtype=torch.bfloat16, hf_text_config=SimpleNamespace(model_type="qwen3_5_text")
@@ -101,12 +105,12 @@ def _config(torch: Any, context: dict[str, Any]) -> SimpleNamespace:
     )
 
 
-def _layers(torch: Any, kinds: list[str]) -> dict[str, Any]:
+def _layers(torch: Any, kinds: list[str], qmax: int) -> dict[str, Any]:
     """One attention layer per backend and cache dtype, as vLLM binds them: the impl and
     the logical (blocks, kv heads, block size, 2 x head) cache with NHD strides."""
     from vllm.v1.attention.backends import triton_attn as ta_mod
 
-    num_blocks = sum(-(-(c + QMAX) // BLOCK) for c in CONTEXTS) + 1
+    num_blocks = sum(-(-(c + qmax) // BLOCK) for c in CONTEXTS) + 1
     layers: dict[str, Any] = {}
     for kind in kinds:
         for dtype in ("auto", "int8_per_token_head") if kind == "triton" else ("auto",):
@@ -184,8 +188,26 @@ def _runner(torch: Any, config: SimpleNamespace, layout: str, table: Any) -> Sim
     return runner
 
 
+def _as_rtx3090(sda: Any) -> None:
+    """Plan as on an RTX 3090 although no card is here: its tile plans
+    (ARCH_TILE_PLANS[(8, 6)]), its int8 widening, and its shared memory and SM count in
+    the workspace the planner reads."""
+    make = sda.get_workspace
+
+    def get_workspace(*args: Any, **kwargs: Any) -> Any:
+        ws = make(*args, **kwargs)
+        ws.max_shared_mem, ws.num_sms = RTX3090_SMEM, RTX3090_SMS
+        return ws
+
+    sda._capability = lambda device: (8, 6)
+    sda.use_fast_int8 = lambda tiles, device: (
+        tiles.fast_int8 if tiles.fast_int8 is not None else True)
+    sda.get_workspace = get_workspace
+
+
 def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH,
-        device: str = "cpu") -> dict[str, Any]:
+        device: str = "cpu", drafts: int = K, max_seqs: int = MAX_SEQS,
+        card: str = "default") -> dict[str, Any]:
     import torch
     import vllm.config.vllm as config_mod
     from triton import knobs
@@ -193,7 +215,12 @@ def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH,
     from vllm.utils import jit_monitor
 
     os.environ["VLLM_SPEC_DECODE_ATTN"] = "1"
-    os.environ["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(QMAX)
+    qmax = drafts + 1
+    os.environ["VLLM_SPEC_DECODE_ATTN_QMAX"] = str(qmax)
+    if card == "rtx3090":
+        import vllm.v1.attention.ops.spec_decode_attention as sda_mod
+
+        _as_rtx3090(sda_mod)
     if device == "cpu":
         driver.set_active(SM86Driver())
     else:
@@ -203,7 +230,7 @@ def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH,
     knobs.runtime.jit_cache_hook = ledger
 
     context: dict[str, Any] = {}
-    config = _config(torch, context)
+    config = _config(torch, context, drafts, max_seqs)
     config_mod._current_vllm_config = config  # type: ignore[assignment]
     kinds = ["triton"]
     try:
@@ -212,9 +239,9 @@ def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH,
         kinds.append("flash")
     except ImportError:
         pass
-    context.update(_layers(torch, kinds))
+    context.update(_layers(torch, kinds, qmax))
     # The runner's persistent block table (one KV group); the requests' rows are its rows.
-    table = torch.zeros((MAX_SEQS, width), dtype=torch.int32)
+    table = torch.zeros((max_seqs, width), dtype=torch.int32)
     runner = _runner(torch, config, layout, table)
     # use_v2_model_runner only gates kernel_warmup's V1 block-table and KV-zeroing warm-ups,
     # which need a whole V1 runner; the split-KV warm-up finds the tables either way.
@@ -223,7 +250,8 @@ def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH,
         scheduler_config=config.scheduler_config, get_model=lambda: torch.nn.Module(),
     )
     result: dict[str, Any] = {"warmup": warmup, "kinds": kinds, "layers": list(context),
-                              "runner": layout, "width": width}
+                              "runner": layout, "width": width, "drafts": drafts,
+                              "max_seqs": max_seqs, "card": card}
     if warmup:
         import types
 
@@ -242,8 +270,9 @@ def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH,
     jit_monitor.activate(mode="warn", verbose=verbose)
     ledger.phase = "requests"
     batches = 0
-    for q in range(2, K + 2):
-        for seqs in range(1, MAX_SEQS + 1):
+    plans: list[dict[str, Any]] = []
+    for q in range(2, drafts + 2):
+        for seqs in range(1, max_seqs + 1):
             contexts = list(CONTEXTS[:seqs])
             table.zero_()
             used = 1  # block 0 is the null block
@@ -259,11 +288,18 @@ def run(warmup: bool, verbose: bool, layout: str = "v2", width: int = WIDTH,
                 layer.impl.forward(layer, query, None, None, layer.kv_cache,
                                    _request_metadata(torch, layer.kind, q, contexts, table),
                                    output=out)
-                assert sda.last_plan is not None, "the split-KV path declined a verify batch"
+                plan = sda.last_plan
+                assert plan is not None, "the split-KV path declined a verify batch"
+                plans.append({"layer": layer.kind, "int8": layer.kv_cache.dtype == torch.int8,
+                              "q": q, "seqs": seqs, "kernel": plan.kernel,
+                              "block_m": plan.block_m, "q_tiles": plan.q_tiles,
+                              "tile_n": plan.tile_n, "num_warps": plan.num_warps,
+                              "num_segments": plan.num_segments})
                 batches += 1
     if device == "cuda":
         torch.cuda.synchronize()
     result["request_batches"] = batches
+    result["plans"] = plans
     result["compiled"] = {phase: names for phase, names in ledger.by_phase.items()}
     result["keys"] = ledger.keys
     config_mod._current_vllm_config = None
@@ -285,6 +321,12 @@ def main() -> int:
                         help="the block tables the warm-up finds: V2's, V1's, or none")
     parser.add_argument("--width", type=int, default=WIDTH,
                         help="the block table's row stride (blocks per request)")
+    parser.add_argument("--drafts", type=int, default=K,
+                        help="draft tokens a verify step checks (the verify block is one more)")
+    parser.add_argument("--max-seqs", type=int, default=MAX_SEQS)
+    parser.add_argument("--card", choices=("default", "rtx3090"), default="default",
+                        help="default: the planner's plans without a card (an H200's); "
+                        "rtx3090: the RTX 3090's tile plans, shared memory and SMs")
     parser.add_argument("--dist-dir", help="holds a vllm-0.28.0.dist-info (see spec_decode_worker)")
     args = parser.parse_args()
     # Triton's compiler path, not its interpreter; on the CPU no device is used.
@@ -304,7 +346,8 @@ def main() -> int:
 
     assert HAS_TRITON, "vLLM disabled Triton in the worker"
     result = run(warmup=not args.no_warmup, verbose=not args.terse_monitor,
-                 layout=args.runner, width=args.width, device=args.device)
+                 layout=args.runner, width=args.width, device=args.device,
+                 drafts=args.drafts, max_seqs=args.max_seqs, card=args.card)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

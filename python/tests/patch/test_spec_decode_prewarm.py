@@ -118,3 +118,33 @@ def test_the_warmup_takes_the_runners_block_table_stride(
         assert differ and set(differ) == {SPLIT}
     else:
         assert other < warm_keys
+
+
+@pytest.mark.patch
+def test_the_warmup_covers_dflash2_blocks_on_the_rtx3090s_plans(
+    patched_cpu_tree: Path, tmp_path: Path
+) -> None:
+    """SPEC=dflash2 verifies 16-token blocks (DFLASH_TOKENS 15), and on an RTX 3090 the
+    planner cuts query tiles at 64 rows (ARCH_TILE_PLANS[(8, 6)]), so q >= 11 takes two
+    query tiles, a specialisation the 4-token blocks above never reach. With the 3090's
+    plans, shared memory and SMs, every verify shape of 2..16 tokens over 1..4 sequences is
+    compiled by the warm-up (the CTX=long tier's int8_per_token_head cache among them)."""
+    result, log = _run(patched_cpu_tree, tmp_path, "--drafts", "15", "--card", "rtx3090")
+    assert result["compiled"].get("requests", []) == [], log[-3000:]
+    assert parse_boot_log(log).jit_compiles == 0
+    plans = result["plans"]
+    assert result["request_batches"] == len(plans) == 15 * 4 * len(result["layers"])
+    # The 3090's plans were the ones in force: eight warps, at most 64 rows a query tile.
+    assert {p["num_warps"] for p in plans} == {8}
+    assert max(p["block_m"] for p in plans) == 64
+    two_tiles = {p["q"] for p in plans if p["q_tiles"] == 2}
+    assert two_tiles == set(range(11, 17)), two_tiles
+    assert any(p["int8"] and p["layer"] == "triton" for p in plans)
+    # One layer layout's boot compiles, reported for the benchmark notes: the split pass
+    # by (tile rows, query tiles, segments), the reduce pass by block length and segments.
+    split = result["compiled"]["warmup"].count(SPLIT)
+    reduce = result["compiled"]["warmup"].count(REDUCE)
+    layouts = len(result["layers"])
+    print(f"rtx3090 dflash2 warm-up: {split // layouts} split and {reduce // layouts} reduce "
+          f"kernels a layer layout ({layouts} layouts)")
+    assert split % layouts == 0 and reduce % layouts == 0
