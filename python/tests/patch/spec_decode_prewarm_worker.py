@@ -36,9 +36,6 @@ from typing import Any
 # SPEC=dflash2's DFLASH_TOKENS 15 is --drafts 15).
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 24, 4, 256, 16
 K, MAX_SEQS = 3, 4
-# What an RTX 3090 (sm_86) tells the planner (--card rtx3090): shared memory a block may opt
-# into, and its SMs.
-RTX3090_SMEM, RTX3090_SMS = 99 << 10, 82
 # The runner's block table is [max_num_reqs, width]; 233 blocks of 16 (a 3,728-token
 # max_model_len) is a row stride Triton does not specialise as a multiple of 16 (--width).
 WIDTH = 233
@@ -191,12 +188,15 @@ def _runner(torch: Any, config: SimpleNamespace, layout: str, table: Any) -> Sim
 def _as_rtx3090(sda: Any) -> None:
     """Plan as on an RTX 3090 although no card is here: its tile plans
     (ARCH_TILE_PLANS[(8, 6)]), its int8 widening, and its shared memory and SM count in
-    the workspace the planner reads."""
+    the workspace the planner reads (the compile report's figures for the card)."""
+    from tests.patch.spec_decode_worker import COMPILE_TARGETS
+
+    _, _, sms, smem, _ = next(t for t in COMPILE_TARGETS if t[0] == "rtx3090")
     make = sda.get_workspace
 
     def get_workspace(*args: Any, **kwargs: Any) -> Any:
         ws = make(*args, **kwargs)
-        ws.max_shared_mem, ws.num_sms = RTX3090_SMEM, RTX3090_SMS
+        ws.max_shared_mem, ws.num_sms = smem, sms
         return ws
 
     sda._capability = lambda device: (8, 6)
