@@ -68,6 +68,10 @@ Session 27 (same doc, "Where a tile's time goes"): --diagnose no-widen and no-qk
 tile's time by parts (at q = 16 even no Q.K at all leaves the call at 41-50 % of the floor
 from 64k); V widened beside Q.K at q = 16 (--widen-at), float16 partials (--partials) and
 one wait for both Q.K terms (--qk-wait once) measured no gain and stay off.
+Session 30 (same doc, "P.V in a warpgroup of its own"): --pv-wg gives P.V and the
+accumulators' rescale a warpgroup of their own, and --pv-pipe also issues the next tile's
+Q.K before this tile's softmax. Both are correct and slower: the softmax's own chain bounds
+the consumer, and --pv-pipe holds both stages at once.
 
 Its online softmax, epilogue and compile signature repeat the series' Hopper modules and the
 compile report's on purpose: the candidate compiles without a patched tree.
@@ -406,6 +410,19 @@ Q_REGS = gl.constexpr(False)
 # float32 x 32 segments x 4 KV heads); float16 halves that. A partial is a weighted mean of
 # V rows, inside V's range; fp16 keeps 11 bits of it.
 PARTIALS = "fp32"
+# --pv-wg (session 30): P.V in a warpgroup of its own. The consumer runs Q.K and the softmax
+# and hands each tile's P (fp16) and the rows' rescale factors over through shared memory
+# (double-buffered); a fourth partition holds the accumulators (136 registers a thread),
+# rescales them, runs P.V and stores the partials. The consumer's chain a tile then holds
+# no P.V wait and no accumulator rescale, and it can issue the next tile's Q.K while P.V
+# runs. One warpgroup of rows, eager, widener on. 16 warps: 128 registers a thread at launch.
+PV_WG = gl.constexpr(False)
+PV_REGS = gl.constexpr(192)
+# --pv-pipe (with --pv-wg, two terms): the consumer issues the next tile's Q.K before this
+# tile's softmax and waits only for this tile's, so the tensor cores run the next Q.K
+# beside the softmax. The consumer holds no accumulator under --pv-wg, which leaves it the
+# registers for the second pair of score accumulators.
+PV_PIPE = gl.constexpr(False)
 
 
 @gluon.jit
@@ -665,6 +682,156 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
 
 
 @gluon.jit
+def _softmax_to_pv(si, bufs, sc_bufs, p_smem, a_smem, empty, pv_bars, i, kv_lo, kv_hi, ctx,
+                   qi0, q_sc, k_at, v_at, m_i, l_i, G: gl.constexpr, TILE_N: gl.constexpr,
+                   STAGES: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr):
+    """PV_WG: tile i's online softmax (eager) over its integer scores si, then P (x V's
+    scales, fp16) into P buffer i % 2 and the rows' rescale factors beside it, once the P.V
+    warpgroup has read that buffer's tile i - 2 (pv_bars: full 4..5, free 6..7)."""
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    s = i % STAGES
+    b = i % 2
+    start = kv_lo + i * TILE_N
+    k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
+    v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
+    # K and the scales are read: the stage goes back (the widener arrives for V).
+    mbarrier.arrive(empty.index(s), count=1)
+    sacc = si.to(gl.float32) * k_sc[None, :]
+    if MASKED:
+        t = start + gl.arange(0, TILE_N, layout=col_layout)
+        rr = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
+        limit = ctx + qi0 + rr // G + 1
+        visible = (t[None, :] < limit[:, None]) & (t[None, :] < kv_hi)
+        sacc = gl.where(visible, sacc, float("-inf"))
+        v_sc = gl.where(t < kv_hi, v_sc, 0.0)
+    m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * q_sc)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(sacc * q_sc[:, None] - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    pv = (p * (v_sc * _p_scale(p_smem.dtype, False))[None, :]).to(p_smem.dtype)
+    mbarrier.wait(pv_bars.index(6 + b), ((i // 2) & 1) ^ 1)
+    p_smem.index(b).store(pv)
+    a_smem.index(b).store(alpha)
+    fence_async_shared()
+    _partition_barrier()
+    mbarrier.arrive(pv_bars.index(4 + b), count=1)
+    return m_new, l_i
+
+
+@gluon.jit
+def _tile8_sp(sc, qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, p_smem, a_smem, ready,
+              empty, pv_bars, i, n_tiles, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i,
+              G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
+              MASKED: gl.constexpr, s_layout: gl.constexpr):
+    """PV_PIPE: tile i, its integer scores sc already in registers. The next tile's two Q.K
+    terms are issued first and waited for only after this tile's softmax, so the tensor
+    cores run them beside it; past the last tile the issue reads the stale stage (never
+    used). No wgmma is in flight over the loop's back edge: a loop-carried copy of
+    registers a wgmma still writes makes ptxas serialise every wgmma (C7514). Returns the
+    next tile's scores."""
+    nxt = i + 1
+    sn = nxt % STAGES
+    s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
+    if nxt < n_tiles:
+        mbarrier.wait(ready.index(sn), (nxt // STAGES) & 1)
+    si_n = _qk_term(qh_smem.index(0), qh_smem.index(1), qht, bufs, kt_bufs, sn, s_zero)
+    sl_n = _qk_term(ql_smem.index(0), ql_smem.index(1), qlt, bufs, kt_bufs, sn, s_zero)
+    m_i, l_i = _softmax_to_pv(sc, bufs, sc_bufs, p_smem, a_smem, empty, pv_bars, i, kv_lo,
+                              kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, G, TILE_N, STAGES,
+                              MASKED, s_layout)
+    si_n, sl_n = warpgroup_mma_wait(num_outstanding=0, deps=(si_n, sl_n))
+    return m_i, l_i, si_n * 256 + sl_n
+
+
+@gluon.jit
+def _tile8_s(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, p_smem, a_smem, ready,
+             empty, pv_bars, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i,
+             G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
+             INT8_QK: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr):
+    """PV_WG: the consumer's tile without P.V. Q.K and the online softmax (eager) as _tile8;
+    then P (x V's scales, fp16) into P buffer i % 2 and the rows' rescale factors beside it,
+    once the P.V warpgroup has read that buffer's tile i - 2 (pv_bars: full 4..5, free
+    6..7). The accumulators are the P.V warpgroup's."""
+    s = i % STAGES
+    s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    si = _qk_term(qh_smem.index(0), qh_smem.index(1), qht, bufs, kt_bufs, s, s_zero)
+    if INT8_QK == 2 and QK_ONCE:
+        # Both terms queued on the tensor cores before the P.V warpgroup's next P.V can
+        # get between them.
+        sl = _qk_term(ql_smem.index(0), ql_smem.index(1), qlt, bufs, kt_bufs, s, s_zero)
+        si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
+        si = si * 256 + sl
+    else:
+        si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+        if INT8_QK == 2:
+            sl = _qk_term(ql_smem.index(0), ql_smem.index(1), qlt, bufs, kt_bufs, s, s_zero)
+            sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
+            si = si * 256 + sl
+    return _softmax_to_pv(si, bufs, sc_bufs, p_smem, a_smem, empty, pv_bars, i, kv_lo,
+                          kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, G, TILE_N, STAGES,
+                          MASKED, s_layout)
+
+
+@gluon.jit
+def _pv8(part_out_ptr, p_smem, a_smem, vbf, vbft, pv_bars, seq, kv_head, seg, q_len, qi0,
+         n_tiles, max_q, v_at, NUM_HEADS: gl.constexpr, G: gl.constexpr, WG_Q: gl.constexpr,
+         NUM_SEGMENTS: gl.constexpr):
+    """PV_WG: the P.V warpgroup. For each tile: the consumer's P and rescale factors
+    (pv_bars 4..5), the widener's 16-bit V tile (pv_bars 0..1, as the widener's own
+    barriers), the accumulators rescaled and P.V; then both buffers are handed back (6..7,
+    2..3). After the last tile the consumer's row sums (a_smem row 2, pv_bars 8) normalise
+    the partial outputs, stored a row a warp as _consume8's EPI_ROWS."""
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH8, 16])
+    o2_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SCB, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    row2_layout: gl.constexpr = gl.SliceLayout(1, o2_layout)
+    if VEC_SHIFTS:
+        v_at = (v_at // 4) * 4
+    acc0 = gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout)
+    acc1 = gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout)
+    acc2 = gl.zeros([WG_ROWS, SCB], gl.float32, layout=o2_layout)
+    for i in range(n_tiles):
+        b = i % 2
+        ph = (i // 2) & 1
+        mbarrier.wait(pv_bars.index(4 + b), ph)
+        a = a_smem.index(b).load(row_layout)[:, None]
+        acc0 = acc0 * a
+        acc1 = acc1 * a
+        acc2 = acc2 * a_smem.index(b).load(row2_layout)[:, None]
+        mbarrier.wait(pv_bars.index(b), ph)
+        acc0 = warpgroup_mma(p_smem.index(b), vbf.index(b * 2), acc0, is_async=True)
+        acc1 = warpgroup_mma(p_smem.index(b), vbf.index(b * 2 + 1), acc1, is_async=True)
+        acc2 = warpgroup_mma(p_smem.index(b), vbft.index(b), acc2, is_async=True)
+        acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
+        mbarrier.arrive(pv_bars.index(6 + b), count=1)
+        mbarrier.arrive(pv_bars.index(2 + b), count=1)
+    mbarrier.wait(pv_bars.index(8), 0)
+    l_o = a_smem.index(2).load(row_layout)
+    r_o = gl.arange(0, WG_ROWS, layout=row_layout)
+    qi_o = qi0 + r_o // G
+    ok_o = (r_o < WG_Q * G) & (qi_o < q_len)
+    part_row = (((seq * max_q + qi_o).to(gl.int64) * NUM_HEADS + kv_head * G + r_o % G)
+                * NUM_SEGMENTS + seg)
+    inv_l = gl.where(l_o > 0.0, 1.0 / (l_o * _p_scale(p_smem.dtype, False)), 0.0)[:, None]
+    st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    d_s = gl.arange(0, CH8, layout=gl.SliceLayout(0, st_layout)) - v_at
+    row_s = gl.convert_layout(part_row, gl.SliceLayout(1, st_layout))
+    ok_s = gl.convert_layout(ok_o, gl.SliceLayout(1, st_layout))
+    s_base = part_out_ptr + row_s[:, None] * (2 * CH8) + d_s[None, :]
+    gl.store(s_base, gl.convert_layout(acc0 * inv_l, st_layout),
+             mask=ok_s[:, None] & (d_s >= 0)[None, :])
+    gl.store(s_base + CH8, gl.convert_layout(acc1 * inv_l, st_layout), mask=ok_s[:, None])
+    d_t = gl.arange(0, SCB, layout=gl.SliceLayout(0, o2_layout)) + 2 * CH8 - v_at
+    part_row2 = gl.convert_layout(part_row, row2_layout)
+    gl.store(part_out_ptr + part_row2[:, None] * (2 * CH8) + d_t[None, :],
+             acc2 * gl.convert_layout(inv_l, o2_layout),
+             mask=gl.convert_layout(ok_o, row2_layout)[:, None] & (d_t < 2 * CH8)[None, :])
+
+
+@gluon.jit
 def _tile8_ov(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready,
               empty, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
               m_i, l_i, acc0, acc1, acc2,
@@ -816,7 +983,8 @@ def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi
 
 @gluon.jit
 def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready, empty, widened, seq, kv_head,
+              qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, a_smem,
+              ready, empty, widened, seq, kv_head,
               seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
               stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr,
               G: gl.constexpr, WG_Q: gl.constexpr, TILE_N: gl.constexpr,
@@ -963,6 +1131,34 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, s_layout, o_layout,
                 o2_layout, ld_layout, vt_layout)
         acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2))
+    elif PV_PIPE:
+        s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
+        mbarrier.wait(ready.index(0), 0)
+        si = _qk_term(qh_smem.index(0), qh_smem.index(1), qht, bufs, kt_bufs, 0, s_zero)
+        sl = _qk_term(ql_smem.index(0), ql_smem.index(1), qlt, bufs, kt_bufs, 0, s_zero)
+        si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
+        sc = si * 256 + sl
+        for i in range(0, n_full):
+            m_i, l_i, sc = _tile8_sp(sc, qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs,
+                                     p_smem, a_smem, ready, empty, widened, i, n_tiles, kv_lo,
+                                     kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, G, TILE_N,
+                                     STAGES, False, s_layout)
+        for i in range(n_full, n_tiles):
+            m_i, l_i, sc = _tile8_sp(sc, qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs,
+                                     p_smem, a_smem, ready, empty, widened, i, n_tiles, kv_lo,
+                                     kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, G, TILE_N,
+                                     STAGES, True, s_layout)
+    elif PV_WG:
+        for i in range(0, n_full):
+            m_i, l_i = _tile8_s(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, p_smem,
+                                a_smem, ready, empty, widened, i, kv_lo, kv_hi, ctx, qi0,
+                                q_sc, k_at, v_at, m_i, l_i, G, TILE_N, STAGES, INT8_QK,
+                                False, s_layout)
+        for i in range(n_full, n_tiles):
+            m_i, l_i = _tile8_s(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, p_smem,
+                                a_smem, ready, empty, widened, i, kv_lo, kv_hi, ctx, qi0,
+                                q_sc, k_at, v_at, m_i, l_i, G, TILE_N, STAGES, INT8_QK,
+                                True, s_layout)
     else:
         for i in range(first, n_full, STEP):
             m_i, l_i, acc0, acc1, acc2 = _tile8(
@@ -991,63 +1187,69 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     l_o = gl.convert_layout(l_i, row_layout)
     gl.store(part_max_ptr + part_row, gl.convert_layout(m_i, row_layout), mask=ok_o)
     gl.store(part_sum_ptr + part_row, l_o, mask=ok_o)
-    inv_l = gl.where(l_o > 0.0, 1.0 / (l_o * _p_scale(vbf.dtype, LAZY)), 0.0)[:, None]
-    if DIAG == 4:
-        # Diagnosis (--diagnose no-store): the partials' stores issued but predicated off (l
-        # is never negative; the compiler cannot know, so nothing upstream is dropped).
-        ok_o = ok_o & (l_o < -1.0)
-    # Accumulator column c holds V's column c - v_at.
-    if EPI_ROWS and (NUM_WG == 1 or EPI_SMEM) and not PP and not OV:
-        # --epilogue rows (the default where it fits): each warp stores whole rows (32
-        # threads x 4 columns), not the accumulator's 8-byte pairs of 8 rows (a quarter of
-        # each sector used, ncu). The conversion takes 32 KiB of shared memory: one
-        # warpgroup's 2 stages leave room (178 KiB in all), two warpgroups' do not (283).
-        # H200, session 19: 6.4 / 5.7 / 5.7 us less at 16k / 64k / 128k (q = 8).
-        st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-        d_s = gl.arange(0, CH8, layout=gl.SliceLayout(0, st_layout)) - v_at
-        row_s = gl.convert_layout(part_row, gl.SliceLayout(1, st_layout))
-        ok_s = gl.convert_layout(ok_o, gl.SliceLayout(1, st_layout))
-        s_base = part_out_ptr + row_s[:, None] * (2 * CH8) + d_s[None, :]
-        if EPI_SMEM:
-            # --epilogue smem: the conversion through shared memory the loop is done with,
-            # not the compiler's 32 KiB of scratch, one accumulator after the other: the
-            # widener's 16-bit V tiles (free once the last P.V has read them; that room is
-            # a third stage's), or without the widener the int8 stages (every tile read by
-            # now; with 32-key tiles a CTA then fits twice in an SM).
-            st_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-            if NUM_WG == 2:
-                # Two warpgroups (session 23): each releases a stage only after its P.V
-                # has read it, so once the last tile's stage is released by both, every
-                # int8 stage is free: half of them for each warpgroup's rows.
-                last = n_tiles - 1
-                mbarrier.wait(empty.index(last % STAGES), (last // STAGES) & 1)
-                ep = _f32_view(bufs, STAGES * TILE_N, CH8, st_smem).slice(W * WG_ROWS,
-                                                                          WG_ROWS, 0)
-            elif WIDEN_WG:
-                ep = _f32_view(vbf, 2 * WG_ROWS, CH8, st_smem).slice(0, WG_ROWS, 0)
-            else:
-                ep = _f32_view(bufs, STAGES * TILE_N, CH8, st_smem).slice(0, WG_ROWS, 0)
-            ep.store(acc0 * inv_l)
-            _partition_barrier()
-            gl.store(s_base, ep.load(st_layout), mask=ok_s[:, None] & (d_s >= 0)[None, :])
-            _partition_barrier()
-            ep.store(acc1 * inv_l)
-            _partition_barrier()
-            gl.store(s_base + CH8, ep.load(st_layout), mask=ok_s[:, None])
-        else:
-            gl.store(s_base, gl.convert_layout(acc0 * inv_l, st_layout),
-                     mask=ok_s[:, None] & (d_s >= 0)[None, :])
-            gl.store(s_base + CH8, gl.convert_layout(acc1 * inv_l, st_layout),
-                     mask=ok_s[:, None])
+    if PV_WG:
+        # The row sums to the P.V warpgroup, which normalises and stores the outputs.
+        a_smem.index(2).store(l_i)
+        _partition_barrier()
+        mbarrier.arrive(widened.index(8), count=1)
     else:
-        o_base = part_out_ptr + part_row[:, None] * (2 * CH8) + d_o[None, :]
-        gl.store(o_base, acc0 * inv_l, mask=ok_o[:, None] & (d_o >= 0)[None, :])
-        gl.store(o_base + CH8, acc1 * inv_l, mask=ok_o[:, None])
-    d_t = gl.arange(0, SCB, layout=gl.SliceLayout(0, o2_layout)) + 2 * CH8 - v_at
-    part_row2 = gl.convert_layout(part_row, row2_layout)
-    gl.store(part_out_ptr + part_row2[:, None] * (2 * CH8) + d_t[None, :],
-             acc2 * gl.convert_layout(inv_l, o2_layout),
-             mask=gl.convert_layout(ok_o, row2_layout)[:, None] & (d_t < 2 * CH8)[None, :])
+        inv_l = gl.where(l_o > 0.0, 1.0 / (l_o * _p_scale(vbf.dtype, LAZY)), 0.0)[:, None]
+        if DIAG == 4:
+            # Diagnosis (--diagnose no-store): the partials' stores issued but predicated off (l
+            # is never negative; the compiler cannot know, so nothing upstream is dropped).
+            ok_o = ok_o & (l_o < -1.0)
+        # Accumulator column c holds V's column c - v_at.
+        if EPI_ROWS and (NUM_WG == 1 or EPI_SMEM) and not PP and not OV:
+            # --epilogue rows (the default where it fits): each warp stores whole rows (32
+            # threads x 4 columns), not the accumulator's 8-byte pairs of 8 rows (a quarter of
+            # each sector used, ncu). The conversion takes 32 KiB of shared memory: one
+            # warpgroup's 2 stages leave room (178 KiB in all), two warpgroups' do not (283).
+            # H200, session 19: 6.4 / 5.7 / 5.7 us less at 16k / 64k / 128k (q = 8).
+            st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+            d_s = gl.arange(0, CH8, layout=gl.SliceLayout(0, st_layout)) - v_at
+            row_s = gl.convert_layout(part_row, gl.SliceLayout(1, st_layout))
+            ok_s = gl.convert_layout(ok_o, gl.SliceLayout(1, st_layout))
+            s_base = part_out_ptr + row_s[:, None] * (2 * CH8) + d_s[None, :]
+            if EPI_SMEM:
+                # --epilogue smem: the conversion through shared memory the loop is done with,
+                # not the compiler's 32 KiB of scratch, one accumulator after the other: the
+                # widener's 16-bit V tiles (free once the last P.V has read them; that room is
+                # a third stage's), or without the widener the int8 stages (every tile read by
+                # now; with 32-key tiles a CTA then fits twice in an SM).
+                st_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+                if NUM_WG == 2:
+                    # Two warpgroups (session 23): each releases a stage only after its P.V
+                    # has read it, so once the last tile's stage is released by both, every
+                    # int8 stage is free: half of them for each warpgroup's rows.
+                    last = n_tiles - 1
+                    mbarrier.wait(empty.index(last % STAGES), (last // STAGES) & 1)
+                    ep = _f32_view(bufs, STAGES * TILE_N, CH8, st_smem).slice(W * WG_ROWS,
+                                                                              WG_ROWS, 0)
+                elif WIDEN_WG:
+                    ep = _f32_view(vbf, 2 * WG_ROWS, CH8, st_smem).slice(0, WG_ROWS, 0)
+                else:
+                    ep = _f32_view(bufs, STAGES * TILE_N, CH8, st_smem).slice(0, WG_ROWS, 0)
+                ep.store(acc0 * inv_l)
+                _partition_barrier()
+                gl.store(s_base, ep.load(st_layout), mask=ok_s[:, None] & (d_s >= 0)[None, :])
+                _partition_barrier()
+                ep.store(acc1 * inv_l)
+                _partition_barrier()
+                gl.store(s_base + CH8, ep.load(st_layout), mask=ok_s[:, None])
+            else:
+                gl.store(s_base, gl.convert_layout(acc0 * inv_l, st_layout),
+                         mask=ok_s[:, None] & (d_s >= 0)[None, :])
+                gl.store(s_base + CH8, gl.convert_layout(acc1 * inv_l, st_layout),
+                         mask=ok_s[:, None])
+        else:
+            o_base = part_out_ptr + part_row[:, None] * (2 * CH8) + d_o[None, :]
+            gl.store(o_base, acc0 * inv_l, mask=ok_o[:, None] & (d_o >= 0)[None, :])
+            gl.store(o_base + CH8, acc1 * inv_l, mask=ok_o[:, None])
+        d_t = gl.arange(0, SCB, layout=gl.SliceLayout(0, o2_layout)) + 2 * CH8 - v_at
+        part_row2 = gl.convert_layout(part_row, row2_layout)
+        gl.store(part_out_ptr + part_row2[:, None] * (2 * CH8) + d_t[None, :],
+                 acc2 * gl.convert_layout(inv_l, o2_layout),
+                 mask=gl.convert_layout(ok_o, row2_layout)[:, None] & (d_t < 2 * CH8)[None, :])
 
 
 @gluon.jit
@@ -1060,7 +1262,8 @@ def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, q
                      INT8_QK: gl.constexpr, LAZY: gl.constexpr, PP: gl.constexpr):
     # The second warpgroup runs as a worker partition: its index is fixed here.
     _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened, seq, kv_head,
+              qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, vbft,
+             ready, empty, widened, seq, kv_head,
               seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
               stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
               NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 1, 2, PP, False)
@@ -1076,7 +1279,8 @@ def _consume8_pp(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_sm
                  LAZY: gl.constexpr, W: gl.constexpr):
     # Ping-pong warpgroup W as a worker partition (PP_LOADER_DEFAULT).
     _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened, seq, kv_head,
+              qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, vbft,
+             ready, empty, widened, seq, kv_head,
               seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
               stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
               NUM_SEGMENTS, STAGES, INT8_QK, LAZY, W, 2, True, False)
@@ -1179,7 +1383,8 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             vbft = gl.allocate_shared_memory(V16, [2, TILE_N, SCB], vbft_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, vbft,
+             ready, empty, widened,
                              seq, kv_head, seg * 2, q_start, q_len, seq_len, tile_q0, kv_lo,
                              kv_hi, n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head,
                              k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES,
@@ -1227,7 +1432,8 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             qlt1 = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, vbft,
+             ready, empty, widened,
                              seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
                              n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                              NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
@@ -1243,6 +1449,32 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif WIDENS and PV_WG:
+            # The widener's two 16-bit V tiles and barriers (0..3, as below), two P buffers
+            # and their barriers (full 4..5, free 6..7), and the row sums' (8).
+            vbf = gl.allocate_shared_memory(V16, [4, TILE_N, CH8], vbf_layout)
+            vbft = gl.allocate_shared_memory(V16, [2, TILE_N, SCB], vbft_layout)
+            p_smem = gl.allocate_shared_memory(V16, [2, WG_ROWS, TILE_N], vbf_layout)
+            a_smem = gl.allocate_shared_memory(gl.float32, [4, WG_ROWS],
+                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            vbars = gl.allocate_shared_memory(gl.int64, [9, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(9):
+                mbarrier.init(vbars.index(i), count=1)
+            gl.warp_specialize([
+                (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, a_smem, ready,
+                             empty, vbars, seq, kv_head, seg, q_start, q_len, seq_len, tile_q0,
+                             kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
+                             stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
+                             NUM_SEGMENTS, STAGES, INT8_QK, LAZY, 0, 1, False, False)),
+                (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
+                            bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
+                            BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
+                (_widener8, (bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES)),
+                (_pv8, (part_out_ptr, p_smem, a_smem, vbf, vbft, vbars, seq, kv_head, seg,
+                        q_len, tile_q0, n_tiles, max_q, v_at, NUM_HEADS, G, WG_Q,
+                        NUM_SEGMENTS)),
+            ], [1, 4, 4], [LOADER_REGS, WIDENER_REGS, PV_REGS])
         elif WIDENS:
             # Two 16-bit V tiles (the widener runs up to two tiles ahead of P.V) and their
             # barriers: full 0..1 (the widener arrives), free 2..3 (the consumer's P.V).
@@ -1253,7 +1485,8 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                 mbarrier.init(vbars.index(i), count=1)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, ready, empty, vbars,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, vbft,
+             ready, empty, vbars,
                              seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
                              n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                              NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
@@ -1272,7 +1505,8 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                                                      TILE_N if OV else 64], vbf_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, ready, empty, widened,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, p_smem, p_smem,
+             ready, empty, widened,
                              seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
                              n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
                              NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, INT8_QK, LAZY,
@@ -1551,6 +1785,14 @@ def main() -> int:
                         "issue both and wait once (see QK_ONCE)")
     parser.add_argument("--partials", choices=("fp32", "fp16"), default="fp32",
                         help="dtype of the partial outputs (see PARTIALS)")
+    parser.add_argument("--pv-wg", action="store_true",
+                        help="P.V in a warpgroup of its own, P handed over through shared "
+                        "memory (q = 8, eager, widener on; 128 registers at launch)")
+    parser.add_argument("--pv-pipe", action="store_true",
+                        help="with --pv-wg: the next tile's Q.K issued before this tile's "
+                        "softmax (two terms)")
+    parser.add_argument("--pv-regs", type=int, default=None,
+                        help="the P.V warpgroup's registers after setmaxnreg (default 192)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--probe-column", type=int, default=None,
                         help="on a GPU: load one TMA box from this byte column and say how "
@@ -1559,7 +1801,8 @@ def main() -> int:
     global SCALE_LOAD_LAYOUT, SCALE_DIRECT, PINGPONG, OVERLAP, MAXNREG
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
     global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS, Q_MAGIC
-    global Q_CHUNKS, Q_CHUNKS_ONE, WIDEN_AT, PARTIALS, QK_ONCE, Q_REGS
+    global Q_CHUNKS, Q_CHUNKS_ONE, WIDEN_AT, PARTIALS, QK_ONCE, Q_REGS, PV_WG, PV_REGS
+    global PV_PIPE
     QK_ONCE = gl.constexpr(args.qk_wait == "once")
     Q_REGS = gl.constexpr(args.q_regs)
     PARTIALS = args.partials
@@ -1597,6 +1840,21 @@ def main() -> int:
         parser.error("--q-regs does not apply to --overlap's tile")
     if OVERLAP and (PINGPONG or args.queries != "8"):
         parser.error("--overlap takes one warpgroup of rows: --queries 8, no --pingpong")
+    PV_WG = gl.constexpr(args.pv_wg or args.pv_pipe)
+    PV_PIPE = gl.constexpr(args.pv_pipe)
+    if args.pv_pipe and args.int8_qk != "2":
+        parser.error("--pv-pipe takes --int8-qk 2")
+    if args.pv_regs is not None:
+        PV_REGS = gl.constexpr(args.pv_regs)
+    if PV_WG.value:
+        if (args.queries != "8" or args.lazy != "0" or PINGPONG or OVERLAP
+                or not WIDEN_WG or args.diagnose not in ("none", "compute-only")
+                or args.tile_n != 64
+                or args.epilogue != "rows" or args.q_regs):
+            parser.error("--pv-wg takes --queries 8 --lazy 0 and the default tile, widener "
+                         "and epilogue (of the diagnoses, compute-only)")
+        # 16 warps (4 + loader 1 + widener 4 + P.V 4, rounded up): 128 registers a thread.
+        MAXNREG = 128
     MAXNREG = args.maxnreg or MAXNREG
     SCALE_LOAD_LAYOUT = gl.constexpr(SCALE_LOADS[args.scale_load])
     SCALE_DIRECT = gl.constexpr(args.scale_load == "direct")
@@ -1620,7 +1878,8 @@ def main() -> int:
 def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
     return (f"qk{int8_qk}" + ("-lazy" if lazy else "") + ("-f16" if v_tile == "fp16" else "")
             + ("-pp" if PINGPONG else "") + ("L" if PP_LOADER_DEFAULT else "")
-            + ("-ov" if OVERLAP else "") + ("" if WIDEN_WG else "-cw")
+            + ("-ov" if OVERLAP else "") + ("-pv" if PV_WG else "")
+            + ("p" if PV_PIPE else "") + ("" if WIDEN_WG else "-cw")
             + ("" if KT_FROM_V else "-k7") + ("" if VEC_SHIFTS else "-nh")
             + ("-bt" if BT_AHEAD else "")
             + ("-vw" if V_LOAD_LAYOUT.value == V_LOADS["wide"] else "")
@@ -1675,6 +1934,10 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                                         v_tile=v_tile, pingpong=PINGPONG, overlap=OVERLAP)
                 sass = sass_of(compiled.asm["cubin"], Path(tmp))
                 loops = mma_loops(sass)
+                pv_loop = None
+                if PV_WG.value and len(loops) == 3:
+                    # --pv-wg: the consumer's two loops, then the P.V warpgroup's one.
+                    loops, pv_loop = loops[:2], loops[2]
                 if len(loops) != 2 * num_wg:
                     raise RuntimeError(f"{name} q={q}: {len(loops)} MMA loops, expected two a "
                                        f"consumer warpgroup ({num_wg})")
@@ -1685,6 +1948,12 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                         raise RuntimeError(f"{name} q={q}: a whole-tile loop ({a.instructions})"
                                            f" is not smaller than its tail ({b.instructions})")
                 insts = sum(loop.instructions for loop in steady)
+                # wgmma waits in the steady loops: one a wait the kernel asks for, or one a
+                # wgmma when ptxas serialises them (its C7514 note).
+                code = parse_sass(sass)
+                mma_waits = sum(1 for ins in code for loop in steady
+                                if loop.start <= ins.addr <= loop.end
+                                and ins.text.startswith("WARPGROUP.DEPBAR"))
                 guarded = sum(loop.guarded for loop in steady)
                 per_token = insts * 4 / TILE_N / share
                 # The loops' issue floor at 64k (batch 1, 4 KV heads) on the H200.
@@ -1711,6 +1980,9 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                              "ctas_per_sm": ctas_per_sm(compiled.metadata.shared,
                                                         compiled.metadata.num_warps),
                              "loops_found": [loop.instructions for loop in loops],
+                             "loop_mma_waits": mma_waits,
+                             **({"pv_loop_insts_per_warp": pv_loop.instructions}
+                                if pv_loop else {}),
                              "loop_insts_per_warp": insts,
                              "tail_loop_insts_per_warp": sum(b.instructions for b in tail),
                              "loop_insts_guarded": guarded,
@@ -1802,6 +2074,9 @@ def _device_run(tree: str, contexts: list[int], variants: list[tuple[int, bool, 
                                                   and not OVERLAP
                                                   and warpgroups(q, 6)[0] == 1),
                                    "widener_regs": WIDENER_REGS.value,
+                                   **({"pv_wg": True, "pv_regs": PV_REGS.value,
+                                       "pv_pipe": PV_PIPE.value}
+                                      if PV_WG.value else {}),
                                    "shift_hints": VEC_SHIFTS.value,
                                    "epilogue_smem": EPI_SMEM.value,
                                    "q_magic": Q_MAGIC.value,

@@ -747,6 +747,36 @@ def test_int8_candidate_smem_epilogue_frees_a_stage_or_an_sm_share(tmp_path: Pat
 
 
 @pytest.mark.patch
+def test_int8_candidate_pv_warpgroup_keeps_its_wgmmas_asynchronous(tmp_path: Path) -> None:
+    """--pv-wg and --pv-pipe (session 30; measured, slower: spec_decode_attn.md) move P.V
+    into a warpgroup of its own. Compiled for sm_90a the consumer's steady loop must then
+    hold its own waits only: two with --pv-wg (one a Q.K term), one with --pv-pipe (the
+    next tile's Q.K, after the softmax). A score tile that a wgmma still writes, copied over
+    the loop's back edge, made ptxas serialise every wgmma of the kernel (C7514): 18 waits
+    a tile. Both fit 227 KiB at 16 warps and 128 registers, with no stack traffic."""
+    script = worker.BENCH_DIR / "int8_ws_candidate.py"
+    common = ["--queries", "8", "--int8-qk", "2", "--lazy", "0", "--v-tile", "fp16"]
+    rows = {}
+    for name, extra in (("default", []), ("pv", ["--pv-wg"]), ("pipe", ["--pv-pipe"])):
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, str(script), "--compile-only", *common, *extra,
+                               "--json", str(out)],
+                              capture_output=True, text=True, timeout=900, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (rows[name],) = json.loads(out.read_text())
+    default, pv, pipe = rows["default"], rows["pv"], rows["pipe"]
+    assert default["loop_mma_waits"] == 3, default  # two Q.K terms and P.V
+    assert (pv["variant"], pv["loop_mma_waits"]) == ("qk2-f16-pv", 2), pv
+    assert (pipe["variant"], pipe["loop_mma_waits"]) == ("qk2-f16-pvp", 1), pipe
+    for row in (pv, pipe):
+        assert row["shared"] <= 227 << 10, row
+        assert row["loop_stack_stores"] == 0, row
+        # The accumulators' rescale (136 FMULs a thread) left the consumer for P.V's loop.
+        assert row["pv_loop_insts_per_warp"] > 136, row
+        assert row["loop_insts_per_warp"] < default["loop_insts_per_warp"], (row, default)
+
+
+@pytest.mark.patch
 def test_int8_timeline_compiles_with_its_timer_reads(tmp_path: Path) -> None:
     """benchmarks/int8_ws_timeline.py's instrumented candidate compiles for sm_90a with all
     eight timer reads in its PTX, and they cost no shared memory."""
