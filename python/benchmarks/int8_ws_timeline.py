@@ -58,13 +58,13 @@ def _now():
 # not a timeline of the wrong places.
 EDITS: tuple[tuple[str, str, int], ...] = (
     ("@gluon.jit\ndef _loader8(desc,", _NOW + "@gluon.jit\ndef _loader8(tlb, desc,", 1),
-    ("(_loader8, (desc,", "(_loader8, (tlb, desc,", 5),
+    ("(_loader8, (desc,", "(_loader8, (tlb, desc,", 6),
     ("        if BT_AHEAD:\n            blk0 = blk1\n            blk1 = blk2\n",
      "        if BT_AHEAD:\n            blk0 = blk1\n            blk1 = blk2\n"
      "        if i == 0:\n            gl.store(tlb + 5, _now())\n"
      "    gl.store(tlb + 6, _now())\n", 1),
     ("def _widener8(bufs,", "def _widener8(tlb, bufs,", 1),
-    ("(_widener8, (bufs,", "(_widener8, (tlb, bufs,", 1),
+    ("(_widener8, (bufs,", "(_widener8, (tlb, bufs,", 2),
     ("        mbarrier.wait(ready.index(s), (i // STAGES) & 1)\n"
      "        if DIAG == 1 or DIAG == 3:\n",
      "        mbarrier.wait(ready.index(s), (i // STAGES) & 1)\n"
@@ -76,7 +76,7 @@ EDITS: tuple[tuple[str, str, int], ...] = (
      "            mbarrier.arrive(empty.index(s), count=1)\n"
      "    gl.store(tlb + 7, _now())\n", 1),
     ("def _consume8(q_ptr,", "def _consume8(tlb, q_ptr,", 1),
-    ("(_consume8, (q_ptr,", "(_consume8, (tlb, q_ptr,", 4),
+    ("(_consume8, (q_ptr,", "(_consume8, (tlb, q_ptr,", 5),
     # The second consumer warpgroup (q x G > 64) and the ping-pong ones write the same
     # slots as the first: the last writer's time stays.
     ("def _consume8_second(q_ptr,", "def _consume8_second(tlb, q_ptr,", 1),
@@ -88,10 +88,13 @@ EDITS: tuple[tuple[str, str, int], ...] = (
     ("    # The query's scale and qk_scale in one factor a row: a score costs one FMUL",
      "    gl.store(tlb + 1, _now())\n"
      "    # The query's scale and qk_scale in one factor a row: a score costs one FMUL", 1),
-    ("\n    r_o = gl.arange(0, WG_ROWS, layout=row_layout)\n",
-     "\n    gl.store(tlb + 3, _now())\n    r_o = gl.arange(0, WG_ROWS, layout=row_layout)\n", 1),
-    ("(d_t < 2 * CH8)[None, :])\n\n\n@gluon.jit",
-     "(d_t < 2 * CH8)[None, :])\n    gl.store(tlb + 4, _now())\n\n\n@gluon.jit", 1),
+    # _consume8's own epilogue (--pv-wg's P.V warpgroup has one like it, not timed here).
+    ("\n    r_o = gl.arange(0, WG_ROWS, layout=row_layout)\n    d_o = ",
+     "\n    gl.store(tlb + 3, _now())\n    r_o = gl.arange(0, WG_ROWS, layout=row_layout)\n"
+     "    d_o = ", 1),
+    ("(d_t < 2 * CH8)[None, :])\n\n\n@gluon.jit\ndef _consume8_second(",
+     "(d_t < 2 * CH8)[None, :])\n    gl.store(tlb + 4, _now())\n\n\n@gluon.jit\n"
+     "def _consume8_second(", 1),
     ("rows_per_block, stride_kv_head,\n", "rows_per_block, stride_kv_head, tl_ptr,\n", 1),
     ("    seq = pid\n    tile_q0 = 0\n",
      "    seq = pid\n    tile_q0 = 0\n"
