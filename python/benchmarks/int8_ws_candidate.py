@@ -689,26 +689,25 @@ def _softmax_to_pv(si, bufs, sc_bufs, p_smem, a_smem, empty, pv_bars, i, kv_lo, 
     scales, fp16) into P buffer i % 2 and the rows' rescale factors beside it, once the P.V
     warpgroup has read that buffer's tile i - 2 (pv_bars: full 4..5, free 6..7)."""
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH8, 16])
+    o2_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SCB, 16])
     s = i % STAGES
     b = i % 2
-    start = kv_lo + i * TILE_N
     k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
     v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
     # K and the scales are read: the stage goes back (the widener arrives for V).
     mbarrier.arrive(empty.index(s), count=1)
-    sacc = si.to(gl.float32) * k_sc[None, :]
-    if MASKED:
-        t = start + gl.arange(0, TILE_N, layout=col_layout)
-        rr = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
-        limit = ctx + qi0 + rr // G + 1
-        visible = (t[None, :] < limit[:, None]) & (t[None, :] < kv_hi)
-        sacc = gl.where(visible, sacc, float("-inf"))
-        v_sc = gl.where(t < kv_hi, v_sc, 0.0)
-    m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * q_sc)
+    # _softmax8 over accumulators this warpgroup does not hold: their rescale is dead code.
+    # The rows' factor is the one _softmax8 takes inside (the same exp2, merged).
+    m_new, l_i, pv, _, _, _ = _softmax8(
+        si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i,
+        gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout),
+        gl.zeros([WG_ROWS, CH8], gl.float32, layout=o_layout),
+        gl.zeros([WG_ROWS, SCB], gl.float32, layout=o2_layout), q_sc, kv_lo + i * TILE_N,
+        kv_hi, ctx, qi0, G, TILE_N, MASKED, False, p_smem.dtype, s_layout, o_layout, o2_layout)
     alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(sacc * q_sc[:, None] - m_new[:, None])
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    pv = (p * (v_sc * _p_scale(p_smem.dtype, False))[None, :]).to(p_smem.dtype)
     mbarrier.wait(pv_bars.index(6 + b), ((i // 2) & 1) ^ 1)
     p_smem.index(b).store(pv)
     a_smem.index(b).store(alpha)

@@ -701,6 +701,23 @@ def test_int8_candidate_compiles_within_its_instruction_budget(tmp_path: Path) -
     assert cw["warp_insts_per_token"] <= budget, cw
 
 
+def _candidate_compile_rows(tmp_path: Path,
+                            variants: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """The candidate's --compile-only row for each named set of flags, at q = 8, two terms,
+    eager, fp16 V."""
+    script = worker.BENCH_DIR / "int8_ws_candidate.py"
+    common = ["--queries", "8", "--int8-qk", "2", "--lazy", "0", "--v-tile", "fp16"]
+    rows = {}
+    for name, extra in variants.items():
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, str(script), "--compile-only", *common, *extra,
+                               "--json", str(out)],
+                              capture_output=True, text=True, timeout=900, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (rows[name],) = json.loads(out.read_text())
+    return rows
+
+
 @pytest.mark.patch
 def test_int8_candidate_smem_epilogue_frees_a_stage_or_an_sm_share(tmp_path: Path) -> None:
     """--epilogue smem (session 21, compiled, not run) converts the partials through buffers
@@ -712,22 +729,14 @@ def test_int8_candidate_smem_epilogue_frees_a_stage_or_an_sm_share(tmp_path: Pat
     script = worker.BENCH_DIR / "int8_ws_candidate.py"
     budget = int(next(line.split("=")[1] for line in script.read_text().splitlines()
                       if line.startswith("BUDGET_WARP_INSTS_PER_TOKEN")))
-    common = ["--queries", "8", "--int8-qk", "2", "--lazy", "0", "--v-tile", "fp16"]
-    rows = {}
-    for name, extra in (
-        ("three-stages", ["--epilogue", "smem", "--stages", "3"]),
-        ("two-stages", []),
-        ("two-ctas", ["--epilogue", "smem", "--tile-n", "32", "--segments", "64",
-                      "--maxnreg", "128", "--v-widen", "consumer"]),
-        ("two-ctas-scratch", ["--tile-n", "32", "--segments", "64", "--maxnreg", "128",
-                              "--v-widen", "consumer"]),
-    ):
-        out = tmp_path / f"{name}.json"
-        proc = subprocess.run([sys.executable, str(script), "--compile-only", *common, *extra,
-                               "--json", str(out)],
-                              capture_output=True, text=True, timeout=900, check=False)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        (rows[name],) = json.loads(out.read_text())
+    rows = _candidate_compile_rows(tmp_path, {
+        "three-stages": ["--epilogue", "smem", "--stages", "3"],
+        "two-stages": [],
+        "two-ctas": ["--epilogue", "smem", "--tile-n", "32", "--segments", "64",
+                     "--maxnreg", "128", "--v-widen", "consumer"],
+        "two-ctas-scratch": ["--tile-n", "32", "--segments", "64", "--maxnreg", "128",
+                             "--v-widen", "consumer"],
+    })
     three, two = rows["three-stages"], rows["two-stages"]
     assert three["variant"] == "qk2-f16-es" and three["stages"] == 3, three
     assert three["shared"] <= 227 << 10, three
@@ -754,16 +763,8 @@ def test_int8_candidate_pv_warpgroup_keeps_its_wgmmas_asynchronous(tmp_path: Pat
     next tile's Q.K, after the softmax). A score tile that a wgmma still writes, copied over
     the loop's back edge, made ptxas serialise every wgmma of the kernel (C7514): 18 waits
     a tile. Both fit 227 KiB at 16 warps and 128 registers, with no stack traffic."""
-    script = worker.BENCH_DIR / "int8_ws_candidate.py"
-    common = ["--queries", "8", "--int8-qk", "2", "--lazy", "0", "--v-tile", "fp16"]
-    rows = {}
-    for name, extra in (("default", []), ("pv", ["--pv-wg"]), ("pipe", ["--pv-pipe"])):
-        out = tmp_path / f"{name}.json"
-        proc = subprocess.run([sys.executable, str(script), "--compile-only", *common, *extra,
-                               "--json", str(out)],
-                              capture_output=True, text=True, timeout=900, check=False)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        (rows[name],) = json.loads(out.read_text())
+    rows = _candidate_compile_rows(tmp_path, {"default": [], "pv": ["--pv-wg"],
+                                              "pipe": ["--pv-pipe"]})
     default, pv, pipe = rows["default"], rows["pv"], rows["pipe"]
     assert default["loop_mma_waits"] == 3, default  # two Q.K terms and P.V
     assert (pv["variant"], pv["loop_mma_waits"]) == ("qk2-f16-pv", 2), pv
