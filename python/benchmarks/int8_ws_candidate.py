@@ -389,6 +389,25 @@ Q_MAGIC = gl.constexpr(True)
 # run). Magic rounding only; ping-pong keeps the straight run.
 Q_CHUNKS = gl.constexpr(4)
 Q_CHUNKS_ONE = gl.constexpr(1)
+# --q-live (session 31): the chunk loop stops after the chunks that hold a warpgroup's live
+# rows. A warpgroup holds WG_Q x G of its 64 rows (48 at G = 6, q = 8 and q = 16), so with
+# 16-row chunks the fourth is padding: its maxima are stored as zeros (a zero scale, so its
+# scores are zeros whatever codes are left in its rows) and its codes are not written.
+# --q-unroll: the chunk loop unrolled, so that the compiler may issue a later chunk's loads
+# before an earlier chunk's arithmetic (the runtime loop serialises them; at q = 8 that made
+# chunks slower than the straight run). Both off: the loop as session 26 measured it.
+Q_LIVE = gl.constexpr(False)
+Q_UNROLL = gl.constexpr(False)
+# --scales (session 31): where a tile's K and V scales reach the score columns' layout. 0
+# "after" (the default): after the Q.K wait, each vector a layout conversion through shared
+# memory (two warpgroup barriers a vector) on the consumer's chain. 1 "early": the same,
+# between issuing the first Q.K term and waiting for it. 2 "widener" (with the widener
+# warpgroup, not with --pv-wg): the widener reads them and stores them as two float32 vectors
+# beside its 16-bit V tile, before widening it, and arrives on a barrier of their own; the
+# consumer waits on it once Q.K is in and loads them in the columns' layout, with no
+# conversion and no warpgroup barrier.
+SCALES_AT = gl.constexpr(0)
+SCALES_ATS = {"after": 0, "early": 1, "widener": 2}
 # --widen-at (session 27), two consumer warpgroups only: when each widens its half of V.
 # 0 "softmax": after its softmax, just before the barrier both wait on for P.V (the default).
 # Both warpgroups then leave that barrier together, so their Q.K and their softmax line up
@@ -497,11 +516,14 @@ def _p_scale(dtype: gl.constexpr, LAZY: gl.constexpr):
 
 
 @gluon.jit
-def _widener8(bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES: gl.constexpr):
+def _widener8(bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, n_tiles, k_at, v_at,
+              STAGES: gl.constexpr):
     """WIDEN_WG: a worker warpgroup that widens each tile's V into 16-bit tile i % 2 (the
     consumer's P.V reads it), says so on vbars[i % 2], and waits on vbars[2 + i % 2] until the
     consumer's P.V of tile i - 2 has read that tile. It releases the int8 stage as the
-    consumer does: the stage's empty barrier takes both arrivals."""
+    consumer does: the stage's empty barrier takes both arrivals. With --scales widener it
+    first stores the tile's K and V scales as float32 vectors into scv[2 (i % 2)] and the
+    next, and says so on vbars[4 + i % 2]."""
     ld_layout: gl.constexpr = V_LOAD_LAYOUT
     vt_layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
     vdt: gl.constexpr = vbf.dtype
@@ -514,6 +536,15 @@ def _widener8(bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES: gl
             mbarrier.arrive(empty.index(s), count=1)
         else:
             mbarrier.wait(vbars.index(2 + b), ((i // 2) & 1) ^ 1)
+            if SCALES_AT == 2:
+                rows: gl.constexpr = gl.SliceLayout(1, SCALE_LOAD_LAYOUT)
+                tn: gl.constexpr = bufs.shape[1]
+                scv.index(b * 2).store(_k_scales(bufs, sc_bufs, s, k_at // 4, tn, rows))
+                scv.index(b * 2 + 1).store(_scales(sc_bufs, s * 2 + 1, v_at // 4, tn, rows))
+                # Their own barrier (4 + b), so that the consumer's softmax waits for them
+                # only, not for the whole tile's widening.
+                _partition_barrier()
+                mbarrier.arrive(vbars.index(4 + b), count=1)
             for c in gl.static_range(2):
                 v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
                 vbf.index(b * 2 + c).store(_widen(v8, vdt))
@@ -590,7 +621,8 @@ def _widen_half(bufs, sc_bufs, vbf, vbft, widened, s, vdt: gl.constexpr, W: gl.c
 
 
 @gluon.jit
-def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty, widened,
+def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, scv, ready, empty,
+           widened,
            i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
            m_i, l_i, acc0, acc1, acc2, qk_scale,
            G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
@@ -618,6 +650,11 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
     # Diagnosis (--diagnose no-qk): no Q.K is issued; the scores are the tile's index (not
     # a constant, so the softmax is not folded away; the outputs are wrong).
     si = s_zero + i if DIAG == 7 else _qk_term(qa_r, qb_r, qt_r, bufs, kt_bufs, s, s_zero)
+    # --scales early: converted here while Q.K runs.
+    SC_WG: gl.constexpr = SCALES_AT == 2 and WIDEN_WG and NUM_WG == 1 and not PP
+    if SCALES_AT == 1:
+        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
+        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
     # Both terms issued before one wait (--qk-wait once, or --widen-at qk-both).
     BOTH: gl.constexpr = (DIAG != 7 and INT8_QK == 2
                           and (QK_ONCE or (EARLY and WIDEN_AT == 2)))
@@ -634,8 +671,14 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready,
             sl = _qk_term(ql0, ql1, qlt, bufs, kt_bufs, s, s_zero)
             sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
             si = si * 256 + sl
-    k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
-    v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
+    if SC_WG:
+        # --scales widener: its vectors, loaded once Q.K is in (before, they spill).
+        mbarrier.wait(widened.index(4 + i % 2), (i // 2) & 1)
+        k_sc = scv.index((i % 2) * 2).load(col_layout)
+        v_sc = scv.index((i % 2) * 2 + 1).load(col_layout)
+    elif SCALES_AT != 1:
+        k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
+        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
     m_new, l_i, p, acc0, acc1, acc2 = _softmax8(
         si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2, q_sc, start,
         kv_hi, ctx, qi0, G, TILE_N, MASKED, LAZY, vdt, s_layout, o_layout,
@@ -933,6 +976,28 @@ def _query_scaled(q_ptr, r0, q_start, q_len, qi0, kv_head, stride_q_tok, stride_
 
 
 @gluon.jit
+def _quantize_chunk(q_ptr, ha_v, hb_v, la_v, lb_v, ht_v, lt_v, sc_v, c, q_start, q_len, qi0,
+                    kv_head, stride_q_tok, stride_q_head, k_at, QR: gl.constexpr,
+                    G: gl.constexpr, WG_Q: gl.constexpr, INT8_QK: gl.constexpr,
+                    ld_layout: gl.constexpr, kt_layout: gl.constexpr):
+    """Chunk c of --q-chunks: its rows' codes into the chunk views, its maxima into sc_v."""
+    xa, xb, xc, amax = _query_scaled(
+        q_ptr, c * QR, q_start, q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at,
+        QR, G, WG_Q, ld_layout, kt_layout)
+    ya = xa + 12582912.0
+    yb = xb + 12582912.0
+    yc = xc + 12582912.0
+    ha_v.index(c).store(_low8(ya))
+    hb_v.index(c).store(_low8(yb))
+    ht_v.index(c).store(_low8(yc))
+    if INT8_QK == 2:
+        la_v.index(c).store(_low_term(xa, ya - 12582912.0))
+        lb_v.index(c).store(_low_term(xb, yb - 12582912.0))
+        lt_v.index(c).store(_low_term(xc, yc - 12582912.0))
+    sc_v.index(c).store(amax)
+
+
+@gluon.jit
 def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi0, kv_head,
                       stride_q_tok, stride_q_head, k_at, G: gl.constexpr, WG_Q: gl.constexpr,
                       INT8_QK: gl.constexpr, W: gl.constexpr, CHUNKS: gl.constexpr,
@@ -957,21 +1022,20 @@ def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi
     ht_v = _view(qht, gl.int8, [CHUNKS, QR, KT], tail)
     lt_v = _view(qlt, gl.int8, [CHUNKS, QR, KT], tail)
     sc_v = _view(qsc.index(W), gl.float32, [CHUNKS, QR], flat1)
-    for c in range(0, CHUNKS):
-        xa, xb, xc, amax = _query_scaled(
-            q_ptr, c * QR, q_start, q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at,
-            QR, G, WG_Q, ld_layout, kt_layout)
-        ya = xa + 12582912.0
-        yb = xb + 12582912.0
-        yc = xc + 12582912.0
-        ha_v.index(c).store(_low8(ya))
-        hb_v.index(c).store(_low8(yb))
-        ht_v.index(c).store(_low8(yc))
-        if INT8_QK == 2:
-            la_v.index(c).store(_low_term(xa, ya - 12582912.0))
-            lb_v.index(c).store(_low_term(xb, yb - 12582912.0))
-            lt_v.index(c).store(_low_term(xc, yc - 12582912.0))
-        sc_v.index(c).store(amax)
+    LIVE: gl.constexpr = (WG_Q * G + QR - 1) // QR if Q_LIVE else CHUNKS
+    if Q_UNROLL:
+        for c in gl.static_range(LIVE):
+            _quantize_chunk(q_ptr, ha_v, hb_v, la_v, lb_v, ht_v, lt_v, sc_v, c, q_start,
+                            q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at, QR, G,
+                            WG_Q, INT8_QK, ld_layout, kt_layout)
+    else:
+        for c in range(0, LIVE):
+            _quantize_chunk(q_ptr, ha_v, hb_v, la_v, lb_v, ht_v, lt_v, sc_v, c, q_start,
+                            q_len, qi0, kv_head, stride_q_tok, stride_q_head, k_at, QR, G,
+                            WG_Q, INT8_QK, ld_layout, kt_layout)
+    for c in gl.static_range(LIVE, CHUNKS):
+        sc_v.index(c).store(gl.zeros([QR], gl.float32,
+                                     layout=gl.SliceLayout(1, ld_layout)))
     fence_async_shared()
     _partition_barrier()
     q_sc = qsc.index(W).load(out_layout) / 127.0
@@ -1161,16 +1225,16 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     else:
         for i in range(first, n_full, STEP):
             m_i, l_i, acc0, acc1, acc2 = _tile8(
-                qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
-                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
+                qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, a_smem, ready,
+                empty, widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
                 m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, False, LAZY, W, NUM_WG, PP, s_layout,
                 o_layout,
                 o2_layout, p_layout, p2_layout, ld_layout, vt_layout, qa_r, qb_r, qt_r)
         for i in range(tail, n_tiles, STEP):
             m_i, l_i, acc0, acc1, acc2 = _tile8(
-                qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, ready, empty,
-                widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
+                qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, a_smem, ready,
+                empty, widened, i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at,
                 m_i, l_i, acc0, acc1, acc2,
                 qk_scale, G, TILE_N, STAGES, INT8_QK, True, LAZY, W, NUM_WG, PP, s_layout,
                 o_layout,
@@ -1469,7 +1533,8 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                 (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
-                (_widener8, (bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES)),
+                (_widener8, (bufs, sc_bufs, vbf, vbft, vbft, ready, empty, vbars, n_tiles, k_at,
+                             v_at, STAGES)),
                 (_pv8, (part_out_ptr, p_smem, a_smem, vbf, vbft, vbars, seq, kv_head, seg,
                         q_len, tile_q0, n_tiles, max_q, v_at, NUM_HEADS, G, WG_Q,
                         NUM_SEGMENTS)),
@@ -1479,12 +1544,20 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             # barriers: full 0..1 (the widener arrives), free 2..3 (the consumer's P.V).
             vbf = gl.allocate_shared_memory(V16, [4, TILE_N, CH8], vbf_layout)
             vbft = gl.allocate_shared_memory(V16, [2, TILE_N, SCB], vbft_layout)
-            vbars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(4):
+            # (--scales widener: and the scale vectors' full barriers, 4..5.)
+            NVB: gl.constexpr = 6 if SCALES_AT == 2 else 4
+            vbars = gl.allocate_shared_memory(gl.int64, [NVB, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(NVB):
                 mbarrier.init(vbars.index(i), count=1)
+            if SCALES_AT == 2:
+                # --scales widener: K's and V's scales of each 16-bit V tile, as float32.
+                scv = gl.allocate_shared_memory(gl.float32, [4, TILE_N],
+                                                gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            else:
+                scv = vbft
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, vbft,
+                             qsc, bufs, kt_bufs, sc_bufs, vbf, vbft, vbft, scv,
              ready, empty, vbars,
                              seq, kv_head, seg, q_start, q_len, seq_len, tile_q0, kv_lo, kv_hi,
                              n_tiles, qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
@@ -1493,7 +1566,8 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                 (_loader8, (desc, kt_desc, sc_desc, bufs, kt_bufs, sc_bufs, ready, empty,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
-                (_widener8, (bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES)),
+                (_widener8, (bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, n_tiles, k_at,
+                             v_at, STAGES)),
             ], [1, 4], [LOADER_REGS, WIDENER_REGS])
         else:
             # OV widens a tile's V while the previous tile's P.V still reads its own: two
@@ -1769,6 +1843,14 @@ def main() -> int:
                         "straight run)")
     parser.add_argument("--q-chunks-one", type=int, choices=(1, 2, 4, 8), default=1,
                         help="the same with one consumer warpgroup (q <= 8; default 1)")
+    parser.add_argument("--q-live", action="store_true",
+                        help="with --q-chunks / --q-chunks-one: skip the chunks past a "
+                        "warpgroup's live rows (see Q_LIVE)")
+    parser.add_argument("--q-unroll", action="store_true",
+                        help="with --q-chunks / --q-chunks-one: the chunk loop unrolled")
+    parser.add_argument("--scales", choices=sorted(SCALES_ATS), default="after",
+                        help="where a tile's K and V scales are put in the score columns' "
+                        "layout (see SCALES_AT)")
     parser.add_argument("--q-round", choices=("floor", "magic"), default="magic",
                         help="how the query's codes are rounded: by adding 1.5 * 2**23, or "
                         "floor(x + 0.5) and conversions (before session 23)")
@@ -1801,7 +1883,7 @@ def main() -> int:
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
     global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS, Q_MAGIC
     global Q_CHUNKS, Q_CHUNKS_ONE, WIDEN_AT, PARTIALS, QK_ONCE, Q_REGS, PV_WG, PV_REGS
-    global PV_PIPE
+    global PV_PIPE, Q_LIVE, Q_UNROLL, SCALES_AT
     QK_ONCE = gl.constexpr(args.qk_wait == "once")
     Q_REGS = gl.constexpr(args.q_regs)
     PARTIALS = args.partials
@@ -1809,6 +1891,9 @@ def main() -> int:
     Q_MAGIC = gl.constexpr(args.q_round == "magic")
     Q_CHUNKS = gl.constexpr(args.q_chunks)
     Q_CHUNKS_ONE = gl.constexpr(args.q_chunks_one)
+    Q_LIVE = gl.constexpr(args.q_live)
+    SCALES_AT = gl.constexpr(SCALES_ATS[args.scales])
+    Q_UNROLL = gl.constexpr(args.q_unroll)
     V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
     EPI_ROWS = gl.constexpr(args.epilogue in ("rows", "smem"))
     EPI_SMEM = gl.constexpr(args.epilogue == "smem")
@@ -1841,6 +1926,8 @@ def main() -> int:
         parser.error("--overlap takes one warpgroup of rows: --queries 8, no --pingpong")
     PV_WG = gl.constexpr(args.pv_wg or args.pv_pipe)
     PV_PIPE = gl.constexpr(args.pv_pipe)
+    if SCALES_AT.value == 2 and (PV_WG.value or not WIDEN_WG.value):
+        parser.error("--scales widener takes the widener warpgroup, without --pv-wg")
     if args.pv_pipe and args.int8_qk != "2":
         parser.error("--pv-pipe takes --int8-qk 2")
     if args.pv_regs is not None:
@@ -1888,7 +1975,8 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
             + ("" if TILE_N == 64 else f"-t{TILE_N}") + ("" if Q_MAGIC else "-qf")
             + {0: "", 1: "-wq", 2: "-wqq"}[WIDEN_AT.value]
             + ("" if PARTIALS == "fp32" else "-p16") + ("-qk1w" if QK_ONCE else "")
-            + ("-qr" if Q_REGS else ""))
+            + ("-qr" if Q_REGS else "") + {0: "", 1: "-se", 2: "-sw"}[SCALES_AT.value]
+            + ("-ql" if Q_LIVE else "") + ("-qu" if Q_UNROLL else ""))
 
 
 # sm_90's per-SM limits: shared memory (228 KiB, 1 KiB of it reserved a CTA) and registers.
@@ -1992,6 +2080,13 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                              # Spill stores in the whole-tile loops (0: the stack holds no
                              # loop value; reloads of prologue values may remain).
                              "loop_stack_stores": sum(loop.opcodes["STL"] for loop in steady),
+                             # Spill traffic in the masked tail loops, which short contexts
+                             # run on every tile.
+                             "tail_loop_stack_ops": sum(loop.opcodes["STL"] + loop.opcodes["LDL"]
+                                                        for loop in tail),
+                             # Warpgroup barriers in the whole-tile loops (layout
+                             # conversions through shared memory bring them).
+                             "loop_barriers": sum(loop.opcodes["BAR"] for loop in steady),
                              "classes": classes,
                              "widener_loop_insts_per_warp": (widener.instructions if widener
                                                              else 0),

@@ -778,6 +778,29 @@ def test_int8_candidate_pv_warpgroup_keeps_its_wgmmas_asynchronous(tmp_path: Pat
 
 
 @pytest.mark.patch
+def test_int8_candidate_scales_from_the_widener_leave_the_consumer_fewer_barriers(
+        tmp_path: Path) -> None:
+    """--scales widener (session 31; measured on an H100, spec_decode_attn.md): the widener
+    warpgroup puts each tile's K and V scales into two float32 vectors beside its 16-bit V
+    tile, so the consumer's steady loop loads them as they are, not through the layout
+    conversions (shared memory and warpgroup barriers) of the default. Loaded before Q.K's
+    wait they spilled in the masked tail loop (18 stack operations; a call up to 1 µs
+    slower at 2k and 16k); loaded after it, no loop spills. The widener's loop takes the work over."""
+    rows = _candidate_compile_rows(tmp_path, {
+        "default": [], "widener": ["--scales", "widener"],
+        "once": ["--scales", "widener", "--qk-wait", "once"]})
+    default, widener, once = rows["default"], rows["widener"], rows["once"]
+    assert (widener["variant"], once["variant"]) == ("qk2-f16-sw", "qk2-f16-qk1w-sw"), rows
+    assert default["loop_barriers"] >= widener["loop_barriers"] + 3, (default, widener)
+    assert widener["loop_insts_per_warp"] < default["loop_insts_per_warp"], (widener, default)
+    assert widener["widener_loop_insts_per_warp"] > default["widener_loop_insts_per_warp"]
+    assert (widener["loop_mma_waits"], once["loop_mma_waits"]) == (3, 2), rows
+    for row in rows.values():
+        assert row["loop_stack_stores"] == 0 and row["tail_loop_stack_ops"] == 0, row
+        assert row["shared"] <= 227 << 10, row
+
+
+@pytest.mark.patch
 def test_int8_timeline_compiles_with_its_timer_reads(tmp_path: Path) -> None:
     """benchmarks/int8_ws_timeline.py's instrumented candidate compiles for sm_90a with all
     eight timer reads in its PTX, and they cost no shared memory."""
