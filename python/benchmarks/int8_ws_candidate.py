@@ -389,7 +389,8 @@ Q_MAGIC = gl.constexpr(True)
 # run). Magic rounding only; ping-pong keeps the straight run.
 Q_CHUNKS = gl.constexpr(4)
 Q_CHUNKS_ONE = gl.constexpr(1)
-# --q-live (session 31): the chunk loop stops after the chunks that hold a warpgroup's live
+# --q-live (session 31; H100: 1-2 % faster at q = 16, slower than the straight run at q = 8,
+# and slower still unrolled): the chunk loop stops after the chunks that hold a warpgroup's live
 # rows. A warpgroup holds WG_Q x G of its 64 rows (48 at G = 6, q = 8 and q = 16), so with
 # 16-row chunks the fourth is padding: its maxima are stored as zeros (a zero scale, so its
 # scores are zeros whatever codes are left in its rows) and its codes are not written.
@@ -405,9 +406,24 @@ Q_UNROLL = gl.constexpr(False)
 # warpgroup, not with --pv-wg): the widener reads them and stores them as two float32 vectors
 # beside its 16-bit V tile, before widening it, and arrives on a barrier of their own; the
 # consumer waits on it once Q.K is in and loads them in the columns' layout, with no
-# conversion and no warpgroup barrier.
+# conversion and no warpgroup barrier. H100, compute-only (session 31): "widener" with
+# --qk-wait once makes the consumer's tile 5 % shorter; "early" makes it 10 % longer.
 SCALES_AT = gl.constexpr(0)
 SCALES_ATS = {"after": 0, "early": 1, "widener": 2}
+# --v-scaled (session 31; with --scales widener, one warpgroup, eager, fp16 V): the widener
+# multiplies V's codes by their token's scale as it widens them (fp16: a rounding of 2**-11
+# a value, where the codes alone are exact) and writes 1.0 into the tail tile's last column,
+# which no output column reads (V's codes end v_at <= 12 columns into it). P.V then needs P
+# without V's scales, and the accumulator's last column sums P: the row sums come out of the
+# MMA, so a tile's softmax loses its V-scale products, its row sum and its shuffles. Slots
+# past the segment's end get a zero scale, so that their garbage never meets P's zeros.
+# H100 (session 31): the consumer's tile 10 % shorter compute-only, the full run 0.2-1 µs
+# slower at 64k-128k (copy-bound there); error 1.7e-3. Not yet run on an H200.
+V_SCALED = gl.constexpr(False)
+# --widener-release early (with --v-scaled): the widener releases the int8 stage once its
+# codes and scales are in registers, before the arithmetic and the 16-bit stores (which
+# --v-scaled makes longer), so that the loader may refill it sooner.
+WIDENER_RELEASE_EARLY = gl.constexpr(False)
 # --widen-at (session 27), two consumer warpgroups only: when each widens its half of V.
 # 0 "softmax": after its softmax, just before the barrier both wait on for P.V (the default).
 # Both warpgroups then leave that barrier together, so their Q.K and their softmax line up
@@ -516,8 +532,33 @@ def _p_scale(dtype: gl.constexpr, LAZY: gl.constexpr):
 
 
 @gluon.jit
-def _widener8(bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, n_tiles, k_at, v_at,
-              STAGES: gl.constexpr):
+def _widen_scaled(bufs, sc_bufs, vbf, vbft, empty, s, b, i, v_at, kv_lo, kv_hi,
+                  vdt: gl.constexpr, ld_layout: gl.constexpr, vt_layout: gl.constexpr):
+    """--v-scaled: stage s's V widened into 16-bit tile b with each token's scale applied
+    (zero past the segment's end), and 1.0 in the tail tile's last column. With
+    --widener-release early it arrives on empty[s] once the stage is read."""
+    tn: gl.constexpr = bufs.shape[1]
+    rows: gl.constexpr = gl.SliceLayout(1, ld_layout)
+    t = kv_lo + i * tn + gl.arange(0, tn, layout=rows)
+    v_sc = gl.where(t < kv_hi, _scales(sc_bufs, s * 2 + 1, v_at // 4, tn, rows), 0.0)
+    v_sc = v_sc.to(vdt)[:, None]
+    v0 = bufs.index(s * 4 + 2).load(ld_layout)
+    v1 = bufs.index(s * 4 + 3).load(ld_layout)
+    t8 = sc_bufs.index(s * 2 + 1).load(vt_layout)
+    if WIDENER_RELEASE_EARLY:
+        # Every thread's loads are in before the one thread's arrival.
+        _partition_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+    vbf.index(b * 2).store(_widen(v0, vdt) * v_sc)
+    vbf.index(b * 2 + 1).store(_widen(v1, vdt) * v_sc)
+    tail = _widen(t8, vdt) * gl.convert_layout(v_sc, vt_layout)
+    col = gl.arange(0, tail.shape[1], layout=gl.SliceLayout(0, vt_layout))
+    vbft.index(b).store(gl.where((col == tail.shape[1] - 1)[None, :], 1.0, tail).to(vdt))
+
+
+@gluon.jit
+def _widener8(bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, n_tiles, k_at, v_at, kv_lo,
+              kv_hi, STAGES: gl.constexpr):
     """WIDEN_WG: a worker warpgroup that widens each tile's V into 16-bit tile i % 2 (the
     consumer's P.V reads it), says so on vbars[i % 2], and waits on vbars[2 + i % 2] until the
     consumer's P.V of tile i - 2 has read that tile. It releases the int8 stage as the
@@ -540,20 +581,27 @@ def _widener8(bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, n_tiles, k_at,
                 rows: gl.constexpr = gl.SliceLayout(1, SCALE_LOAD_LAYOUT)
                 tn: gl.constexpr = bufs.shape[1]
                 scv.index(b * 2).store(_k_scales(bufs, sc_bufs, s, k_at // 4, tn, rows))
-                scv.index(b * 2 + 1).store(_scales(sc_bufs, s * 2 + 1, v_at // 4, tn, rows))
+                if not V_SCALED:
+                    scv.index(b * 2 + 1).store(_scales(sc_bufs, s * 2 + 1, v_at // 4, tn,
+                                                       rows))
                 # Their own barrier (4 + b), so that the consumer's softmax waits for them
                 # only, not for the whole tile's widening.
                 _partition_barrier()
                 mbarrier.arrive(vbars.index(4 + b), count=1)
-            for c in gl.static_range(2):
-                v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
-                vbf.index(b * 2 + c).store(_widen(v8, vdt))
-            vbft.index(b).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
+            if V_SCALED:
+                _widen_scaled(bufs, sc_bufs, vbf, vbft, empty, s, b, i, v_at, kv_lo, kv_hi,
+                              vdt, ld_layout, vt_layout)
+            else:
+                for c in gl.static_range(2):
+                    v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
+                    vbf.index(b * 2 + c).store(_widen(v8, vdt))
+                vbft.index(b).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout), vdt))
             fence_async_shared()
             # Every thread's stores are in before the one thread's arrivals.
             _partition_barrier()
             mbarrier.arrive(vbars.index(b), count=1)
-            mbarrier.arrive(empty.index(s), count=1)
+            if not (V_SCALED and WIDENER_RELEASE_EARLY):
+                mbarrier.arrive(empty.index(s), count=1)
 
 
 @gluon.jit
@@ -596,12 +644,18 @@ def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, row_scale, start, kv_hi, c
     else:
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(sacc * row_scale[:, None] - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        if not V_SCALED:
+            l_i = l_i * alpha + gl.sum(p, axis=1)
         a = gl.convert_layout(alpha, row_layout)[:, None]
         acc0 = acc0 * a
         acc1 = acc1 * a
         acc2 = acc2 * gl.convert_layout(alpha, row2_layout)[:, None]
-    return m_new, l_i, (p * (v_sc * _p_scale(vdt, LAZY))[None, :]).to(vdt), acc0, acc1, acc2
+    if V_SCALED:
+        # --v-scaled: V's scales are in the widened tile; the row sums accumulate in acc2.
+        return m_new, l_i, (p * _p_scale(vdt, LAZY)).to(vdt), acc0, acc1, acc2
+    else:
+        return (m_new, l_i, (p * (v_sc * _p_scale(vdt, LAZY))[None, :]).to(vdt), acc0, acc1,
+                acc2)
 
 
 @gluon.jit
@@ -675,7 +729,7 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, kt_bufs, sc_bufs, vbf, vbft, scv, r
         # --scales widener: its vectors, loaded once Q.K is in (before, they spill).
         mbarrier.wait(widened.index(4 + i % 2), (i // 2) & 1)
         k_sc = scv.index((i % 2) * 2).load(col_layout)
-        v_sc = scv.index((i % 2) * 2 + 1).load(col_layout)
+        v_sc = k_sc if V_SCALED else scv.index((i % 2) * 2 + 1).load(col_layout)
     elif SCALES_AT != 1:
         k_sc = _k_scales(bufs, sc_bufs, s, k_at // 4, TILE_N, col_layout)
         v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
@@ -1247,6 +1301,11 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     seg_o = seg + W if PP else seg
     part_row = (((seq * max_q + qi_o).to(gl.int64) * NUM_HEADS + kv_head * G + r_o % G)
                 * NUM_SEGMENTS + seg_o)
+    if V_SCALED:
+        # --v-scaled: the row sums are the last column of acc2 (P x 1.0), in P's scale.
+        c2 = gl.arange(0, SCB, layout=gl.SliceLayout(0, o2_layout))
+        l2 = gl.sum(gl.where((c2 == SCB - 1)[None, :], acc2, 0.0), axis=1)
+        l_i = gl.convert_layout(l2 / _p_scale(vbf.dtype, LAZY), l_i.type.layout)
     l_o = gl.convert_layout(l_i, row_layout)
     gl.store(part_max_ptr + part_row, gl.convert_layout(m_i, row_layout), mask=ok_o)
     gl.store(part_sum_ptr + part_row, l_o, mask=ok_o)
@@ -1534,7 +1593,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
                 (_widener8, (bufs, sc_bufs, vbf, vbft, vbft, ready, empty, vbars, n_tiles, k_at,
-                             v_at, STAGES)),
+                             v_at, kv_lo, kv_hi, STAGES)),
                 (_pv8, (part_out_ptr, p_smem, a_smem, vbf, vbft, vbars, seq, kv_head, seg,
                         q_len, tile_q0, n_tiles, max_q, v_at, NUM_HEADS, G, WG_Q,
                         NUM_SEGMENTS)),
@@ -1567,7 +1626,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                             bt_row, kv_lo, kv_hi, n_tiles, rows_per_block, a_k, a_v,
                             BLOCK_SIZE, TILE_N, BOX_T, HEAD, STAGES)),
                 (_widener8, (bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, n_tiles, k_at,
-                             v_at, STAGES)),
+                             v_at, kv_lo, kv_hi, STAGES)),
             ], [1, 4], [LOADER_REGS, WIDENER_REGS])
         else:
             # OV widens a tile's V while the previous tile's P.V still reads its own: two
@@ -1851,6 +1910,12 @@ def main() -> int:
     parser.add_argument("--scales", choices=sorted(SCALES_ATS), default="after",
                         help="where a tile's K and V scales are put in the score columns' "
                         "layout (see SCALES_AT)")
+    parser.add_argument("--v-scaled", action="store_true",
+                        help="with --scales widener (q <= 10, eager, fp16 V): V's scales "
+                        "applied as it is widened, the row sums from P.V (see V_SCALED)")
+    parser.add_argument("--widener-release", choices=("late", "early"), default="late",
+                        help="with --v-scaled: when the widener releases the int8 stage (see "
+                        "WIDENER_RELEASE_EARLY)")
     parser.add_argument("--q-round", choices=("floor", "magic"), default="magic",
                         help="how the query's codes are rounded: by adding 1.5 * 2**23, or "
                         "floor(x + 0.5) and conversions (before session 23)")
@@ -1883,7 +1948,7 @@ def main() -> int:
     global KT_FROM_V, BT_AHEAD, DIAG, TILE_N, PP_LOADER_DEFAULT, CONSUMER_REGS
     global V_LOAD_LAYOUT, EPI_ROWS, EPI_SMEM, WIDEN_WG, WIDENER_REGS, VEC_SHIFTS, Q_MAGIC
     global Q_CHUNKS, Q_CHUNKS_ONE, WIDEN_AT, PARTIALS, QK_ONCE, Q_REGS, PV_WG, PV_REGS
-    global PV_PIPE, Q_LIVE, Q_UNROLL, SCALES_AT
+    global PV_PIPE, Q_LIVE, Q_UNROLL, SCALES_AT, V_SCALED, WIDENER_RELEASE_EARLY
     QK_ONCE = gl.constexpr(args.qk_wait == "once")
     Q_REGS = gl.constexpr(args.q_regs)
     PARTIALS = args.partials
@@ -1893,6 +1958,15 @@ def main() -> int:
     Q_CHUNKS_ONE = gl.constexpr(args.q_chunks_one)
     Q_LIVE = gl.constexpr(args.q_live)
     SCALES_AT = gl.constexpr(SCALES_ATS[args.scales])
+    V_SCALED = gl.constexpr(args.v_scaled)
+    WIDENER_RELEASE_EARLY = gl.constexpr(args.widener_release == "early")
+    if args.widener_release == "early" and not args.v_scaled:
+        parser.error("--widener-release early takes --v-scaled")
+    if args.v_scaled and (args.scales != "widener" or args.lazy != "0"
+                          or args.v_tile != "fp16"
+                          or any(int(q) * 6 > 64 for q in args.queries.split(",") if q)):
+        parser.error("--v-scaled takes --scales widener, --lazy 0, --v-tile fp16 and one "
+                     "warpgroup of rows (q <= 10)")
     Q_UNROLL = gl.constexpr(args.q_unroll)
     V_LOAD_LAYOUT = gl.constexpr(V_LOADS[args.v_load])
     EPI_ROWS = gl.constexpr(args.epilogue in ("rows", "smem"))
@@ -1976,7 +2050,8 @@ def variant_name(int8_qk: int, lazy: bool, v_tile: str = "bf16") -> str:
             + {0: "", 1: "-wq", 2: "-wqq"}[WIDEN_AT.value]
             + ("" if PARTIALS == "fp32" else "-p16") + ("-qk1w" if QK_ONCE else "")
             + ("-qr" if Q_REGS else "") + {0: "", 1: "-se", 2: "-sw"}[SCALES_AT.value]
-            + ("-ql" if Q_LIVE else "") + ("-qu" if Q_UNROLL else ""))
+            + ("-ql" if Q_LIVE else "") + ("-qu" if Q_UNROLL else "")
+            + ("-vs" if V_SCALED else "") + ("e" if WIDENER_RELEASE_EARLY else ""))
 
 
 # sm_90's per-SM limits: shared memory (228 KiB, 1 KiB of it reserved a CTA) and registers.

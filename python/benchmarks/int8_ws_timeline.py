@@ -70,10 +70,10 @@ EDITS: tuple[tuple[str, str, int], ...] = (
      "        mbarrier.wait(ready.index(s), (i // STAGES) & 1)\n"
      "        if i == 0:\n            gl.store(tlb + 2, _now())\n"
      "        if DIAG == 1 or DIAG == 3:\n", 1),
-    ("            mbarrier.arrive(vbars.index(b), count=1)\n"
-     "            mbarrier.arrive(empty.index(s), count=1)\n",
-     "            mbarrier.arrive(vbars.index(b), count=1)\n"
-     "            mbarrier.arrive(empty.index(s), count=1)\n"
+    ("            if not (V_SCALED and WIDENER_RELEASE_EARLY):\n"
+     "                mbarrier.arrive(empty.index(s), count=1)\n",
+     "            if not (V_SCALED and WIDENER_RELEASE_EARLY):\n"
+     "                mbarrier.arrive(empty.index(s), count=1)\n"
      "    gl.store(tlb + 7, _now())\n", 1),
     ("def _consume8(q_ptr,", "def _consume8(tlb, q_ptr,", 1),
     ("(_consume8, (q_ptr,", "(_consume8, (tlb, q_ptr,", 5),

@@ -785,7 +785,8 @@ def test_int8_candidate_scales_from_the_widener_leave_the_consumer_fewer_barrier
     tile, so the consumer's steady loop loads them as they are, not through the layout
     conversions (shared memory and warpgroup barriers) of the default. Loaded before Q.K's
     wait they spilled in the masked tail loop (18 stack operations; a call up to 1 µs
-    slower at 2k and 16k); loaded after it, no loop spills. The widener's loop takes the work over."""
+    slower at 2k and 16k); loaded after it, no loop spills. The widener's loop takes the
+    work over."""
     rows = _candidate_compile_rows(tmp_path, {
         "default": [], "widener": ["--scales", "widener"],
         "once": ["--scales", "widener", "--qk-wait", "once"]})
@@ -796,6 +797,31 @@ def test_int8_candidate_scales_from_the_widener_leave_the_consumer_fewer_barrier
     assert widener["widener_loop_insts_per_warp"] > default["widener_loop_insts_per_warp"]
     assert (widener["loop_mma_waits"], once["loop_mma_waits"]) == (3, 2), rows
     for row in rows.values():
+        assert row["loop_stack_stores"] == 0 and row["tail_loop_stack_ops"] == 0, row
+        assert row["shared"] <= 227 << 10, row
+
+
+@pytest.mark.patch
+def test_int8_candidate_v_scaled_takes_v_scales_and_row_sums_off_the_softmax(
+        tmp_path: Path) -> None:
+    """--v-scaled (session 31; measured on an H100, spec_decode_attn.md): the widener applies
+    V's scales as it widens V and writes a column of ones, so P.V sums P and the consumer's
+    softmax drops its V-scale products and its row sums (about 70 instructions a tile). The
+    widener's loop takes the scaling over; nothing spills, and an early stage release
+    compiles to the same consumer loop."""
+    common = ["--scales", "widener", "--qk-wait", "once"]
+    rows = _candidate_compile_rows(tmp_path, {
+        "once": common, "scaled": [*common, "--v-scaled"],
+        "early": [*common, "--v-scaled", "--widener-release", "early"]})
+    once, scaled, early = rows["once"], rows["scaled"], rows["early"]
+    assert (scaled["variant"], early["variant"]) == ("qk2-f16-qk1w-sw-vs",
+                                                     "qk2-f16-qk1w-sw-vse"), rows
+    assert scaled["loop_insts_per_warp"] <= once["loop_insts_per_warp"] - 60, (scaled, once)
+    assert scaled["classes"]["softmax"] <= once["classes"]["softmax"] - 50, (scaled, once)
+    assert scaled["widener_loop_insts_per_warp"] > once["widener_loop_insts_per_warp"]
+    assert early["loop_insts_per_warp"] == scaled["loop_insts_per_warp"], (early, scaled)
+    for row in rows.values():
+        assert row["loop_mma_waits"] == 2, row
         assert row["loop_stack_stores"] == 0 and row["tail_loop_stack_ops"] == 0, row
         assert row["shared"] <= 227 << 10, row
 
