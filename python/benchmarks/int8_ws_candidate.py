@@ -406,7 +406,8 @@ Q_UNROLL = gl.constexpr(False)
 # warpgroup, not with --pv-wg): the widener reads them and stores them as two float32 vectors
 # beside its 16-bit V tile, before widening it, and arrives on a barrier of their own; the
 # consumer waits on it once Q.K is in and loads them in the columns' layout, with no
-# conversion and no warpgroup barrier. H100, compute-only (session 31): "widener" with
+# conversion and no warpgroup barrier (two consumer warpgroups have no widener and keep
+# "after"). H100, compute-only (session 31): "widener" with
 # --qk-wait once makes the consumer's tile 5 % shorter; "early" makes it 10 % longer.
 SCALES_AT = gl.constexpr(0)
 SCALES_ATS = {"after": 0, "early": 1, "widener": 2}
