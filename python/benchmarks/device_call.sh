@@ -1,19 +1,24 @@
 #!/bin/bash
-# The next device call for issue 21, in one go (spec_decode_attn.md, "The query in registers
-# measured, and int8 KV verify attention served"). On this machine first:
+# The next device call for issue 21, in one go (spec_decode_attn.md, "The scales handed over by
+# the widener, V scaled as it is widened, and the query's padded rows skipped"). On this
+# machine first:
 #   .venv/bin/python python/benchmarks/pack_device_tree.py     # -> .device/sda-tree.tar.xz
 # then run `bash python/benchmarks/device_call.sh` on the device, carrying [".device"].
 # Everything it writes comes back as one tarball, $OUT/r.tar.xz, re-made after each step
 # (a call returns only a few files, and a call cut off at its limit keeps the last one).
-# Steps, most needed first:
-#   sda_batch  the series' int8 Hopper pass as vLLM dispatches it, stock beside it, at batches
-#              of 1 and 4 requests (a timed batch of several requests: not yet measured)
-#   chunks16   the candidate at q = 16 with the straight run and with 4 chunks, side by side
-#              (measured on H100s in sessions 26 to 28, not yet on an H200)
-#   cand       the candidate's record with its current default (tests/gpu/
-#              int8_candidate_result.json: copy cand.json there when its five tests skip
-#              because the device work changed; the record made in session 27 is current)
-# (session 28 ran --q-regs here, side by side: slower at every context; spec_decode_attn.md)
+# It is meant for an H200, where the consumer bounds a q = 8 tile; on an H100 the full runs
+# sit at the copy rate and only the compute-only rows compare consumers. Steps, most needed
+# first:
+#   q8_*      the candidate at q = 8: the default, then --scales widener --qk-wait once
+#             --v-scaled, with the widener releasing its stage late and early (session 31
+#             measured the first two on H100s only; the early release has not run), full
+#             runs and then compute-only
+#   chunks16  the candidate at q = 16 with the straight run and with 4 chunks, side by side
+#             (measured on H100s in sessions 26 to 30, not yet on an H200)
+#   cand      the candidate's record with its current default (tests/gpu/
+#             int8_candidate_result.json: copy cand.json there when its five tests skip
+#             because the device work changed; the record made in session 27 is current)
+# (session 29 ran the series' batch of four requests here; session 28 --q-regs: slower)
 set -u
 cd "$(dirname "$0")/../.."
 W=$(mktemp -d)
@@ -31,9 +36,18 @@ step() {
   finish
   grep -v '^INFO\|^WARNING' "$W/$name.log" | tail -n "${TAILN:-6}" | cut -c1-400
 }
-LIM=300 TAILN=30 step sda_batch python3 benchmarks/spec_decode_attn.py --tree "$T" \
-  --out "$W/sda" --kv int8 --batches 1,4 --contexts 16384,65536,131072 --queries 8,16 \
-  --budget 250 --json "$W/sda-batch.json"
+Q8=(--tree "$T" --int8-qk 2 --v-tile fp16 --contexts 2048,16384,65536,131072 --queries 8
+    --lazy 0)
+VS=(--scales widener --qk-wait once --v-scaled)
+for m in "" "--diagnose compute-only"; do
+  t=${m:+co}
+  step "q8${t}_default" python3 benchmarks/int8_ws_candidate.py "${Q8[@]}" $m \
+    --json "$W/q8${t}_default.json"
+  step "q8${t}_vs" python3 benchmarks/int8_ws_candidate.py "${Q8[@]}" "${VS[@]}" $m \
+    --json "$W/q8${t}_vs.json"
+  step "q8${t}_vse" python3 benchmarks/int8_ws_candidate.py "${Q8[@]}" "${VS[@]}" \
+    --widener-release early $m --json "$W/q8${t}_vse.json"
+done
 A=(--tree "$T" --int8-qk 2 --v-tile fp16 --contexts 2048,16384,65536,131072 --queries 16
    --lazy 1)
 for ch in 1 4; do
