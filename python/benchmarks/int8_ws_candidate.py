@@ -1114,7 +1114,9 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     pass writes them. PP (ping-pong): both warpgroups take the same rows, W the tiles
     i = W mod 2, and W's partials go to segment seg + W (the caller passes 2 x its own);
     warpgroup 0 writes the shared quantized query and says so on widened[0]. OV (one
-    warpgroup): the tiles run as _tile8_ov, P through p_smem (unused otherwise)."""
+    warpgroup): the tiles run as _tile8_ov, P through p_smem (unused otherwise). a_smem
+    holds the rows' rescale factors with --pv-wg, and the widener's scale vectors (_tile8's
+    scv) with --scales widener."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
