@@ -1831,6 +1831,9 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tree", help="directory that contains patched vllm/ (device runs)")
+    parser.add_argument("--cubin-dir", type=Path, default=None,
+                        help="with --compile-only: also write each kernel's cubin there, as "
+                        "VARIANT-qQ.cubin (the patch tier compares the series' SASS with it)")
     parser.add_argument("--compile-only", action="store_true",
                         help="compile for sm_90a and print the loop's instruction budget")
     parser.add_argument("--contexts", default="16384,65536,131072")
@@ -2031,7 +2034,8 @@ def main() -> int:
         parser.error(f"--v-tile: unknown {sorted(unknown)}; known: {sorted(V_TILES)}")
     queries = [int(q) for q in args.queries.split(",") if q]
     if args.compile_only:
-        return _print_budget(variants, queries, args.stages, args.json, args.segments or 32)
+        return _print_budget(variants, queries, args.stages, args.json, args.segments or 32,
+                             args.cubin_dir)
     if not args.tree:
         parser.error("--tree is needed for a device run")
     return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c], variants,
@@ -2069,7 +2073,7 @@ def ctas_per_sm(shared: int, warps: int) -> int:
 
 
 def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], stages: int,
-                  out: Path | None, segments: int = 32) -> int:
+                  out: Path | None, segments: int = 32, cubin_dir: Path | None = None) -> int:
     """The whole-tile loops of each variant and verify length, counted as split_pass_issue.py
     counts the others: every consumer warpgroup has two MMA loops, whole tiles then the
     masked tail, and a KV token costs the whole-tile loops of all of them. With the lazy
@@ -2097,6 +2101,9 @@ def _print_budget(variants: list[tuple[int, bool, str]], queries: list[int], sta
                 name = variant_name(mode, lazy, v_tile)
                 compiled = compile_sm90(mode, stages, q=q, segments=segments, lazy=lazy,
                                         v_tile=v_tile, pingpong=PINGPONG, overlap=OVERLAP)
+                if cubin_dir is not None:
+                    cubin_dir.mkdir(parents=True, exist_ok=True)
+                    (cubin_dir / f"{name}-q{q}.cubin").write_bytes(compiled.asm["cubin"])
                 sass = sass_of(compiled.asm["cubin"], Path(tmp))
                 loops = mma_loops(sass)
                 pv_loop = None

@@ -113,6 +113,9 @@ CUDA_INT8_CASES: list[tuple[str, list[int], list[int], int | None, int]] = [
     ("int8_ragged_nan_tail", [16, 2, 8], [9001, 35, 70001], None, 16),
     # 64-token blocks (four of the int8 Hopper pass's 16-token boxes a block), q = 4.
     ("int8_q4_blk64", [4, 3], [20000, 777], None, 64),
+    # One consumer warpgroup (q <= 10) with poisoned tails: the widener zeroes V's scales
+    # past each segment's end before it scales V's codes.
+    ("int8_q8_nan_tail", [8, 2], [9001, 70001], None, 16),
 ]
 
 
@@ -1088,12 +1091,38 @@ def sass_instructions(cubin: bytes, workdir: Path) -> str:
                      and line.split("*/", 1)[1].strip())
 
 
+# The candidate's options that the series' int8 Hopper pass takes with one consumer
+# warpgroup (spec_decode_attn.md, session 32): the widener hands over K's scales and V with
+# its scales applied, both Q.K terms are waited for once, and the widener releases a stage
+# once it has read it. Two consumer warpgroups take the candidate's defaults.
+SERIES_ONE_WG_FLAGS = ("--scales", "widener", "--qk-wait", "once", "--v-scaled",
+                       "--widener-release", "early")
+
+
+def _candidate_one_wg_cubins(queries: list[int], segments: int, stages: int,
+                             workdir: Path) -> dict[int, tuple[bytes, int]]:
+    """The candidate with SERIES_ONE_WG_FLAGS (two terms, eager, fp16 V) compiled for sm_90a
+    at each of these verify lengths, in a process of its own (its options are module globals
+    that its kernels read as they compile): each length's cubin and shared memory."""
+    out, cubins = workdir / "cand-one-wg.json", workdir / "cand-one-wg"
+    cmd = [sys.executable, str(BENCH_DIR / "int8_ws_candidate.py"), "--compile-only",
+           "--queries", ",".join(map(str, queries)), "--int8-qk", "2", "--lazy", "0",
+           "--v-tile", "fp16", "--segments", str(segments), "--stages", str(stages),
+           *SERIES_ONE_WG_FLAGS, "--cubin-dir", str(cubins), "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    rows = {r["q"]: r for r in json.loads(out.read_text())}
+    return {q: ((cubins / f"{rows[q]['variant']}-q{q}.cubin").read_bytes(), rows[q]["shared"])
+            for q in queries}
+
+
 def compile_hopper_int8_report(sda: Any, ws: Any, heads: int, kv_heads: int, head_size: int,
                                block_size: int, workdir: Path) -> dict[str, Any]:
     """The int8 Hopper split pass as plan_for_cache plans it for an int8 cache on an H200,
-    at each COMPILE_QUERY_LENS: its resources, and whether its SASS is the H200-measured
-    candidate's (benchmarks/int8_ws_candidate.py, two Q.K terms and fp16 V; eager with one
-    consumer warpgroup, lazy with two)."""
+    at each COMPILE_QUERY_LENS: its resources, and whether its SASS is the measured
+    candidate's (benchmarks/int8_ws_candidate.py, two Q.K terms and fp16 V; eager with
+    SERIES_ONE_WG_FLAGS with one consumer warpgroup, lazy with two)."""
     import hashlib
     import re
 
@@ -1103,6 +1132,11 @@ def compile_hopper_int8_report(sda: Any, ws: Any, heads: int, kv_heads: int, hea
     sys.path.insert(0, str(BENCH_DIR))
     import int8_ws_candidate as cand
 
+    one_wg = [q for q in COMPILE_QUERY_LENS if cand.warpgroups(q, heads // kv_heads)[0] == 1]
+    plan_one = sda.plan_for_cache(1, one_wg[0], heads, kv_heads, head_size, ws,
+                                  torch.empty(1, block_size, kv_heads, head_size + 4,
+                                              dtype=torch.int8), True, sda.TILE_PLANS["int8"])
+    one_wg_cubins = _candidate_one_wg_cubins(one_wg, plan_one.num_segments, mod.STAGES, workdir)
     cache = torch.empty(1, block_size, kv_heads, head_size + 4, dtype=torch.int8)
     rows: dict[str, Any] = {}
     for q in COMPILE_QUERY_LENS:
@@ -1113,8 +1147,12 @@ def compile_hopper_int8_report(sda: Any, ws: Any, heads: int, kv_heads: int, hea
         ptx = compiled.asm["ptx"]
         regs, spill = _ptxas_report(ptx, "sm_90a", workdir)
         sass = sass_instructions(compiled.asm["cubin"], workdir)
-        want = cand.compile_sm90(2, stages=mod.STAGES, q=q, segments=plan.num_segments,
-                                 lazy=lazy, v_tile="fp16")
+        if q in one_wg_cubins:
+            want_cubin, want_shared = one_wg_cubins[q]
+        else:
+            want = cand.compile_sm90(2, stages=mod.STAGES, q=q, segments=plan.num_segments,
+                                     lazy=lazy, v_tile="fp16")
+            want_cubin, want_shared = want.asm["cubin"], want.metadata.shared
         rows[f"h200/q{q}/int8"] = {
             "kernel": plan.kernel, "num_wg": plan.num_wg, "wg_q": plan.wg_q,
             "num_segments": plan.num_segments, "tile_n": plan.tile_n, "lazy": lazy,
@@ -1129,8 +1167,8 @@ def compile_hopper_int8_report(sda: Any, ws: Any, heads: int, kv_heads: int, hea
             "sass_sha256": hashlib.sha256(sass.encode()).hexdigest(),
             "sass_lines": len(sass.splitlines()),
             "candidate_sass_sha256": hashlib.sha256(
-                sass_instructions(want.asm["cubin"], workdir).encode()).hexdigest(),
-            "candidate_shared": want.metadata.shared,
+                sass_instructions(want_cubin, workdir).encode()).hexdigest(),
+            "candidate_shared": want_shared,
         }
         print(f"h200/q{q}/int8: {rows[f'h200/q{q}/int8']}", flush=True)
     return rows

@@ -23,9 +23,13 @@
 #   With two consumer warpgroups each quantizes its rows a 16-row chunk at
 #   a time in a loop (Q_CHUNKS: the straight run is cold code).
 # - V is not K-major for P.V, so a widener warpgroup turns each tile's codes
-#   into an fp16 tile (the 1024 bias; codes are exact in fp16) while the
-#   consumer runs Q.K and the softmax; V's per-token scale is folded into P's
-#   columns. With two consumer warpgroups (q x G > 64) each widens half of V.
+#   into an fp16 tile (the 1024 bias) while the consumer runs Q.K and the
+#   softmax. It also takes work off the consumer's chain: it hands over K's
+#   scales as a float32 vector in the scores' column order, applies V's
+#   per-token scales as it widens (code x scale, rounded once to fp16), and
+#   writes a column of ones that no output column reads, so P.V sums P and the
+#   softmax keeps no row sums. With two consumer warpgroups (q x G > 64) each
+#   widens half of V, and V's scales are folded into P's columns.
 # - the partials are the Triton split pass's, so the reduce pass is shared.
 #
 # Measured on an H200 (qwen3090's python/benchmarks/spec_decode_attn.md, the
@@ -246,11 +250,42 @@ def _p_scale(LAZY: gl.constexpr):
 
 
 @gluon.jit
-def _widener8(bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES: gl.constexpr):
-    """One warpgroup of rows: a worker warpgroup widens each tile's V into fp16 tile
-    i % 2, says so on vbars[i % 2], and waits on vbars[2 + i % 2] until the consumer's
-    P.V of tile i - 2 has read that tile. A stage's empty barrier takes its arrival
-    and the consumer's."""
+def _widen_scaled(bufs, sc_bufs, vbf, vbft, empty, s, b, i, v_at, kv_lo, kv_hi,
+                  ld_layout: gl.constexpr, vt_layout: gl.constexpr):
+    """Stage s's V into fp16 tile b with each token's scale applied (code x scale,
+    rounded once; zero past the segment's end, so that a slot's garbage never meets
+    P's zeros), and 1.0 in the tail tile's last column: no output column reads it
+    (V's codes end 4 or 12 columns into the tail), so P.V sums P there. The stage is
+    released once its codes and scales are in registers, before the stores."""
+    tn: gl.constexpr = bufs.shape[1]
+    rows: gl.constexpr = gl.SliceLayout(1, ld_layout)
+    t = kv_lo + i * tn + gl.arange(0, tn, layout=rows)
+    v_sc = gl.where(t < kv_hi, _scales(sc_bufs, s * 2 + 1, v_at // 4, tn, rows), 0.0)
+    v_sc = v_sc.to(gl.float16)[:, None]
+    v0 = bufs.index(s * 4 + 2).load(ld_layout)
+    v1 = bufs.index(s * 4 + 3).load(ld_layout)
+    t8 = sc_bufs.index(s * 2 + 1).load(vt_layout)
+    # Every thread's loads are in before the one thread's arrival.
+    _partition_barrier()
+    mbarrier.arrive(empty.index(s), count=1)
+    vbf.index(b * 2).store(_widen(v0) * v_sc)
+    vbf.index(b * 2 + 1).store(_widen(v1) * v_sc)
+    tail = _widen(t8) * gl.convert_layout(v_sc, vt_layout)
+    col = gl.arange(0, tail.shape[1], layout=gl.SliceLayout(0, vt_layout))
+    vbft.index(b).store(gl.where((col == tail.shape[1] - 1)[None, :], 1.0, tail).to(gl.float16))
+
+
+@gluon.jit
+def _widener8(bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, n_tiles, k_at, v_at, kv_lo,
+              kv_hi, STAGES: gl.constexpr):
+    """One warpgroup of rows: a worker warpgroup that takes three jobs off the
+    consumer's chain each tile. It stores the tile's K scales as a float32 vector
+    into scv[i % 2] and says so on vbars[4 + i % 2] (the consumer then loads them in
+    its columns' layout, with no conversion through shared memory); it widens V into
+    fp16 tile i % 2 with V's scales applied and a column of ones (_widen_scaled: the
+    softmax then needs neither V's scales nor row sums), says so on vbars[i % 2], and
+    waits on vbars[2 + i % 2] until the consumer's P.V of tile i - 2 has read that
+    tile. A stage's empty barrier takes its arrival and the consumer's."""
     ld_layout: gl.constexpr = V_LOAD_LAYOUT
     vt_layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
     for i in range(n_tiles):
@@ -258,26 +293,32 @@ def _widener8(bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES: gl
         b = i % 2
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         mbarrier.wait(vbars.index(2 + b), ((i // 2) & 1) ^ 1)
-        for c in gl.static_range(2):
-            v8 = bufs.index(s * 4 + 2 + c).load(ld_layout)
-            vbf.index(b * 2 + c).store(_widen(v8))
-        vbft.index(b).store(_widen(sc_bufs.index(s * 2 + 1).load(vt_layout)))
+        rows: gl.constexpr = gl.SliceLayout(1, SCALE_LOAD_LAYOUT)
+        tn: gl.constexpr = bufs.shape[1]
+        scv.index(b * 2).store(_k_scales(bufs, s, k_at // 4, tn, rows))
+        # A barrier of their own, so that the softmax waits for the scales only,
+        # not for the whole tile's widening.
+        _partition_barrier()
+        mbarrier.arrive(vbars.index(4 + b), count=1)
+        _widen_scaled(bufs, sc_bufs, vbf, vbft, empty, s, b, i, v_at, kv_lo, kv_hi,
+                      ld_layout, vt_layout)
         fence_async_shared()
-        # Every thread's stores are in before the one thread's arrivals.
+        # Every thread's stores are in before the one thread's arrival.
         _partition_barrier()
         mbarrier.arrive(vbars.index(b), count=1)
-        mbarrier.arrive(empty.index(s), count=1)
 
 
 @gluon.jit
 def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, row_scale, start, kv_hi, ctx, qi0,
               G: gl.constexpr, TILE_N: gl.constexpr, MASKED: gl.constexpr,
-              LAZY: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-              o2_layout: gl.constexpr):
+              LAZY: gl.constexpr, VS: gl.constexpr, s_layout: gl.constexpr,
+              o_layout: gl.constexpr, o2_layout: gl.constexpr):
     """One tile's online softmax over sacc x row_scale (K's scale in sacc; the query
     row's scale and qk_scale, log2 units, in row_scale): the new row maxima and sums,
     the accumulators rescaled, and P x V's scales (x _p_scale) in fp16. MASKED builds
-    the causal and segment-end mask."""
+    the causal and segment-end mask. VS (one warpgroup, eager): the widener has
+    applied V's scales and P.V sums P, so P goes out unscaled and l_i is left as it
+    is."""
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     row2_layout: gl.constexpr = gl.SliceLayout(1, o2_layout)
@@ -287,9 +328,10 @@ def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, row_scale, start, kv_hi, c
         limit = ctx + qi0 + rr // G + 1
         visible = (t[None, :] < limit[:, None]) & (t[None, :] < kv_hi)
         sacc = gl.where(visible, sacc, float("-inf"))
-        # A slot past the segment's end may hold any scale (NaN too): 0 there, so
-        # P's zeros stay zeros.
-        v_sc = gl.where(t < kv_hi, v_sc, 0.0)
+        if not VS:
+            # A slot past the segment's end may hold any scale (NaN too): 0 there,
+            # so P's zeros stay zeros.
+            v_sc = gl.where(t < kv_hi, v_sc, 0.0)
     m_new = gl.maximum(m_i, gl.max(sacc, axis=1) * row_scale)
     if LAZY:
         # The rows keep their reference maximum until one grows past it by more
@@ -309,17 +351,22 @@ def _softmax8(sacc, v_sc, m_i, l_i, acc0, acc1, acc2, row_scale, start, kv_hi, c
     else:
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(sacc * row_scale[:, None] - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        if not VS:
+            l_i = l_i * alpha + gl.sum(p, axis=1)
         a = gl.convert_layout(alpha, row_layout)[:, None]
         acc0 = acc0 * a
         acc1 = acc1 * a
         acc2 = acc2 * gl.convert_layout(alpha, row2_layout)[:, None]
-    return m_new, l_i, (p * (v_sc * _p_scale(LAZY))[None, :]).to(gl.float16), acc0, acc1, acc2
+    if VS:
+        return m_new, l_i, (p * _p_scale(LAZY)).to(gl.float16), acc0, acc1, acc2
+    else:
+        return (m_new, l_i, (p * (v_sc * _p_scale(LAZY))[None, :]).to(gl.float16), acc0, acc1,
+                acc2)
 
 
 @gluon.jit
-def _tile8(qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, ready, empty, widened, i,
-           kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
+def _tile8(qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, scv, ready, empty, widened,
+           i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2,
            G: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
            MASKED: gl.constexpr, LAZY: gl.constexpr, W: gl.constexpr, NUM_WG: gl.constexpr,
            s_layout: gl.constexpr, o_layout: gl.constexpr, o2_layout: gl.constexpr,
@@ -329,7 +376,8 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, ready, empty, w
     P.V. MASKED builds the causal and segment-end mask (False only for tiles every row
     of the warpgroup sees whole). K's codes sit k_at bytes into their boxes (the query
     is shifted to match); V's v_at bytes, so the accumulators hold V's column d at
-    d + v_at."""
+    d + v_at. With one warpgroup the widener hands over K's scales (scv) and V with its
+    scales applied."""
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     s = i % STAGES
     phase = (i // STAGES) & 1
@@ -337,20 +385,33 @@ def _tile8(qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, ready, empty, w
     s_zero = gl.zeros([WG_ROWS, TILE_N], gl.int32, layout=s_layout)
     mbarrier.wait(ready.index(s), phase)
     si = _qk_term(qh_smem, qht, bufs, s, s_zero)
-    si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
-    sl = _qk_term(ql_smem, qlt, bufs, s, s_zero)
-    sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
-    si = si * 256 + sl
-    k_sc = _k_scales(bufs, s, k_at // 4, TILE_N, col_layout)
-    v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
+    if NUM_WG == 1:
+        # Both terms queued before one wait: the tensor cores run the second while
+        # nothing else is left to do.
+        sl = _qk_term(ql_smem, qlt, bufs, s, s_zero)
+        si, sl = warpgroup_mma_wait(num_outstanding=0, deps=(si, sl))
+        si = si * 256 + sl
+        # K's scales from the widener, loaded once Q.K is in (loaded before the
+        # wait, their registers made the masked tail loop spill).
+        mbarrier.wait(widened.index(4 + i % 2), (i // 2) & 1)
+        k_sc = scv.index((i % 2) * 2).load(col_layout)
+        v_sc = k_sc
+    else:
+        si = warpgroup_mma_wait(num_outstanding=0, deps=(si,))
+        sl = _qk_term(ql_smem, qlt, bufs, s, s_zero)
+        sl = warpgroup_mma_wait(num_outstanding=0, deps=(sl,))
+        si = si * 256 + sl
+        k_sc = _k_scales(bufs, s, k_at // 4, TILE_N, col_layout)
+        v_sc = _scales(sc_bufs, s * 2 + 1, v_at // 4, TILE_N, col_layout)
     m_new, l_i, p, acc0, acc1, acc2 = _softmax8(
         si.to(gl.float32) * k_sc[None, :], v_sc, m_i, l_i, acc0, acc1, acc2, q_sc, start,
-        kv_hi, ctx, qi0, G, TILE_N, MASKED, LAZY, s_layout, o_layout, o2_layout)
+        kv_hi, ctx, qi0, G, TILE_N, MASKED, LAZY, NUM_WG == 1, s_layout, o_layout,
+        o2_layout)
     p2 = gl.convert_layout(p, p2_layout)
     p = gl.convert_layout(p, p_layout)
     if NUM_WG == 1:
         # The widener has V in fp16 tile i % 2 (widened: its barriers, full 0..1,
-        # free 2..3); K and the scales are read, so the stage is released here.
+        # free 2..3, K's scales 4..5); K is read, so the stage is released here.
         b = i % 2
         mbarrier.arrive(empty.index(s), count=1)
         mbarrier.wait(widened.index(b), (i // 2) & 1)
@@ -457,8 +518,8 @@ def _quantize_chunked(q_ptr, qh_smem, ql_smem, qht, qlt, qsc, q_start, q_len, qi
 
 @gluon.jit
 def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              qsc, bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg, q_start,
-              q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
+              qsc, bufs, sc_bufs, vbf, vbft, scv, ready, empty, widened, seq, kv_head, seg,
+              q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
               stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr, G: gl.constexpr,
               WG_Q: gl.constexpr, TILE_N: gl.constexpr, NUM_SEGMENTS: gl.constexpr,
               STAGES: gl.constexpr, LAZY: gl.constexpr, W: gl.constexpr,
@@ -533,14 +594,14 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
                         n_tiles)
     for i in range(0, n_full):
         m_i, l_i, acc0, acc1, acc2 = _tile8(
-            qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, ready, empty, widened, i,
-            kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2, G, TILE_N,
+            qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, scv, ready, empty, widened,
+            i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2, G, TILE_N,
             STAGES, False, LAZY, W, NUM_WG, s_layout, o_layout, o2_layout, p_layout,
             p2_layout, ld_layout, vt_layout)
     for i in range(n_full, n_tiles):
         m_i, l_i, acc0, acc1, acc2 = _tile8(
-            qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, ready, empty, widened, i,
-            kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2, G, TILE_N,
+            qh_smem, ql_smem, qht, qlt, bufs, sc_bufs, vbf, vbft, scv, ready, empty, widened,
+            i, kv_lo, kv_hi, ctx, qi0, q_sc, k_at, v_at, m_i, l_i, acc0, acc1, acc2, G, TILE_N,
             STAGES, True, LAZY, W, NUM_WG, s_layout, o_layout, o2_layout, p_layout,
             p2_layout, ld_layout, vt_layout)
 
@@ -550,6 +611,11 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
     ok_o = (r_o < WG_Q * G) & (qi_o < q_len)
     part_row = (((seq * max_q + qi_o).to(gl.int64) * NUM_HEADS + kv_head * G + r_o % G)
                 * NUM_SEGMENTS + seg)
+    if NUM_WG == 1:
+        # The row sums are acc2's last column (P x the widener's ones), in P's scale.
+        c2 = gl.arange(0, SCB, layout=gl.SliceLayout(0, o2_layout))
+        l2 = gl.sum(gl.where((c2 == SCB - 1)[None, :], acc2, 0.0), axis=1)
+        l_i = gl.convert_layout(l2 / _p_scale(LAZY), l_i.type.layout)
     l_o = gl.convert_layout(l_i, row_layout)
     gl.store(part_max_ptr + part_row, gl.convert_layout(m_i, row_layout), mask=ok_o)
     gl.store(part_sum_ptr + part_row, l_o, mask=ok_o)
@@ -582,15 +648,15 @@ def _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem,
 
 @gluon.jit
 def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht,
-                     qlt, qsc, bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg,
-                     q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
+                     qlt, qsc, bufs, sc_bufs, vbf, vbft, scv, ready, empty, widened, seq, kv_head,
+                     seg, q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
                      stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS: gl.constexpr,
                      G: gl.constexpr, WG_Q: gl.constexpr, TILE_N: gl.constexpr,
                      NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr, LAZY: gl.constexpr):
     # The second warpgroup runs as a worker partition: its index is fixed here.
     _consume8(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, ql_smem, qht, qlt,
-              qsc, bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head, seg, q_start,
-              q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
+              qsc, bufs, sc_bufs, vbf, vbft, scv, ready, empty, widened, seq, kv_head, seg,
+              q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
               stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES,
               LAZY, 1, 2)
 
@@ -685,13 +751,13 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             qlt1 = gl.allocate_shared_memory(gl.int8, [WG_ROWS, KT], kt_layout)
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             qsc, bufs, sc_bufs, vbf, vbft, ready, empty, widened, seq, kv_head,
-                             seg, q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale,
-                             max_q, stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G,
-                             WG_Q, TILE_N, NUM_SEGMENTS, STAGES, LAZY, 0, 2)),
+                             qsc, bufs, sc_bufs, vbf, vbft, vbft, ready, empty, widened, seq,
+                             kv_head, seg, q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles,
+                             qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
+                             NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, LAZY, 0, 2)),
                 (_consume8_second, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh1, ql1,
-                                    qht1, qlt1, qsc, bufs, sc_bufs, vbf, vbft, ready, empty,
-                                    widened, seq, kv_head, seg, q_start, q_len, seq_len,
+                                    qht1, qlt1, qsc, bufs, sc_bufs, vbf, vbft, vbft, ready,
+                                    empty, widened, seq, kv_head, seg, q_start, q_len, seq_len,
                                     kv_lo, kv_hi, n_tiles, qk_scale, max_q, stride_q_tok,
                                     stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q, TILE_N,
                                     NUM_SEGMENTS, STAGES, LAZY)),
@@ -701,22 +767,28 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             # Two fp16 V tiles (the widener runs up to two tiles ahead of P.V) and
-            # their barriers: full 0..1 (the widener arrives), free 2..3 (P.V).
+            # their barriers: full 0..1 (the widener arrives), free 2..3 (P.V), and
+            # the K scales' full 4..5.
             vbf = gl.allocate_shared_memory(gl.float16, [4, TILE_N, CH8], vbf_layout)
             vbft = gl.allocate_shared_memory(gl.float16, [2, TILE_N, SCB], vbft_layout)
-            vbars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(4):
+            vbars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(6):
                 mbarrier.init(vbars.index(i), count=1)
+            # Each fp16 V tile's K scales, as float32 (rows 0 and 2; 1 and 3 keep the
+            # measured shared memory map).
+            scv = gl.allocate_shared_memory(gl.float32, [4, TILE_N],
+                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))
             gl.warp_specialize([
                 (_consume8, (q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh, ql, qht, qlt,
-                             qsc, bufs, sc_bufs, vbf, vbft, ready, empty, vbars, seq, kv_head, seg,
-                             q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles, qk_scale, max_q,
-                             stride_q_tok, stride_q_head, k_at, v_at, NUM_HEADS, G, WG_Q,
-                             TILE_N, NUM_SEGMENTS, STAGES, LAZY, 0, 1)),
+                             qsc, bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, seq,
+                             kv_head, seg, q_start, q_len, seq_len, kv_lo, kv_hi, n_tiles,
+                             qk_scale, max_q, stride_q_tok, stride_q_head, k_at, v_at,
+                             NUM_HEADS, G, WG_Q, TILE_N, NUM_SEGMENTS, STAGES, LAZY, 0, 1)),
                 (_loader8, (desc, sc_desc, bufs, sc_bufs, ready, empty, bt_row, kv_lo, kv_hi,
                             n_tiles, rows_per_block, a_k, a_v, BLOCK_SIZE, TILE_N, BOX_T,
                             HEAD, STAGES)),
-                (_widener8, (bufs, sc_bufs, vbf, vbft, ready, empty, vbars, n_tiles, STAGES)),
+                (_widener8, (bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, n_tiles, k_at,
+                             v_at, kv_lo, kv_hi, STAGES)),
             ], [1, 4], [LOADER_REGS, WIDENER_REGS])
 
 

@@ -361,9 +361,11 @@ INT8_HOPPER_BOX_TOKENS = 16
 INT8_HOPPER_HEAD_SIZE = 256
 # Shared memory Triton allocates the int8 Hopper pass, by consumer warpgroups
 # (its own tiles and stages, whatever the plan's): the patch tier's compile
-# report holds these to the compiled kernel. Two warpgroups' figure includes
-# the 512 bytes of row maxima their chunked query quantization writes.
-INT8_HOPPER_SMEM = {1: 208_968, 2: 214_072}
+# report holds these to the compiled kernel. One warpgroup's figure includes
+# the widener's float32 K scales (1 KiB) and their two barriers; two
+# warpgroups' the 512 bytes of row maxima their chunked query quantization
+# writes.
+INT8_HOPPER_SMEM = {1: 210_264, 2: 214_072}
 
 
 def int8_hopper_unsupported(
