@@ -1,24 +1,19 @@
 #!/bin/bash
-# The next device call for issue 21, in one go (spec_decode_attn.md, "The scales handed over by
-# the widener, V scaled as it is widened, and the query's padded rows skipped"). On this
-# machine first:
+# The next device call for issue 21, in one go (spec_decode_attn.md, "The one-warpgroup
+# path in the series"). On this machine first:
 #   .venv/bin/python python/benchmarks/pack_device_tree.py     # -> .device/sda-tree.tar.xz
+# and the tree of the series before session 32 (from a checkout of commit d57806b):
+#   .venv/bin/python python/benchmarks/pack_device_tree.py --out .device/sda-tree-old.tar.xz
 # then run `bash python/benchmarks/device_call.sh` on the device, carrying [".device"].
 # Everything it writes comes back as one tarball, $OUT/r.tar.xz, re-made after each step
 # (a call returns only a few files, and a call cut off at its limit keeps the last one).
-# It is meant for an H200, where the consumer bounds a q = 8 tile; on an H100 the full runs
-# sit at the copy rate and only the compute-only rows compare consumers. Steps, most needed
-# first:
-#   q8_*      the candidate at q = 8: the default, then --scales widener --qk-wait once
-#             --v-scaled, with the widener releasing its stage late and early (session 31
-#             measured the first two on H100s only; the early release has not run), full
-#             runs and then compute-only
-#   chunks16  the candidate at q = 16 with the straight run and with 4 chunks, side by side
-#             (measured on H100s in sessions 26 to 30, not yet on an H200)
-#   cand      the candidate's record with its current default (tests/gpu/
-#             int8_candidate_result.json: copy cand.json there when its five tests skip
-#             because the device work changed; the record made in session 27 is current)
-# (session 29 ran the series' batch of four requests here; session 28 --q-regs: slower)
+# Steps, most needed first:
+#   worker    the series' split passes checked on the GPU against the float32 reference
+#             (every int8 case: q = 4 and 8 take the one-warpgroup path session 32 changed)
+#   sda_new   the series as vLLM dispatches it, against stock, q = 4, 8 and 16
+#   sda_old*  the series before session 32 at q = 4 and 8, alternating with the series now
+#   q8_*      the candidate at q = 8, its default and the series' one-warpgroup flags
+# (session 31 ran the candidate's options; session 26 the chunked query at q = 16)
 set -u
 cd "$(dirname "$0")/../.."
 W=$(mktemp -d)
@@ -36,23 +31,20 @@ step() {
   finish
   grep -v '^INFO\|^WARNING' "$W/$name.log" | tail -n "${TAILN:-6}" | cut -c1-400
 }
+T0=$(mktemp -d) && tar xJf ../.device/sda-tree-old.tar.xz -C "$T0"
+LIM=150 TAILN=12 step worker python3 tests/patch/spec_decode_worker.py --tree "$T" \
+  --out "$W/worker.json" --device cuda --skip-dispatch
+S=(--kv int8 --batches 1 --contexts 16384,65536,131072 --budget 110)
+LIM=150 TAILN=12 step sda_new python3 benchmarks/spec_decode_attn.py --tree "$T" \
+  --out "$W/sda_new" "${S[@]}" --queries 4,8,16 --json "$W/sda_new.json"
+for r in 1 2; do
+  LIM=120 TAILN=8 step "sda_old$r" python3 benchmarks/spec_decode_attn.py --tree "$T0" \
+    --out "$W/sda_old$r" "${S[@]}" --queries 4,8 --json "$W/sda_old$r.json"
+  LIM=120 TAILN=8 step "sda_new$r" python3 benchmarks/spec_decode_attn.py --tree "$T" \
+    --out "$W/sda_new$r" "${S[@]}" --queries 4,8 --json "$W/sda_new$r.json"
+done
 Q8=(--tree "$T" --int8-qk 2 --v-tile fp16 --contexts 2048,16384,65536,131072 --queries 8
     --lazy 0)
-VS=(--scales widener --qk-wait once --v-scaled)
-for m in "" "--diagnose compute-only"; do
-  t=${m:+co}
-  step "q8${t}_default" python3 benchmarks/int8_ws_candidate.py "${Q8[@]}" $m \
-    --json "$W/q8${t}_default.json"
-  step "q8${t}_vs" python3 benchmarks/int8_ws_candidate.py "${Q8[@]}" "${VS[@]}" $m \
-    --json "$W/q8${t}_vs.json"
-  step "q8${t}_vse" python3 benchmarks/int8_ws_candidate.py "${Q8[@]}" "${VS[@]}" \
-    --widener-release early $m --json "$W/q8${t}_vse.json"
-done
-A=(--tree "$T" --int8-qk 2 --v-tile fp16 --contexts 2048,16384,65536,131072 --queries 16
-   --lazy 1)
-for ch in 1 4; do
-  step "chunks16_c$ch" python3 benchmarks/int8_ws_candidate.py "${A[@]}" --q-chunks "$ch" \
-    --json "$W/chunks16_c$ch.json"
-done
-LIM=300 TAILN=3 step cand python3 benchmarks/int8_ws_candidate.py --tree "$T" \
-  --json "$W/cand.json"
+step q8_default python3 benchmarks/int8_ws_candidate.py "${Q8[@]}" --json "$W/q8_default.json"
+step q8_series python3 benchmarks/int8_ws_candidate.py "${Q8[@]}" --scales widener \
+  --qk-wait once --v-scaled --widener-release early --json "$W/q8_series.json"

@@ -36,7 +36,9 @@
 # int8 candidate sections; this file is that candidate with its benchmark
 # options taken out, and a patch-tier test holds it to the same machine code):
 # at q = 8 2.0x the Triton split pass at 64k and 2.1x at 128k, relative error
-# 1.7e-3 against 2.3e-3. spec_decode_attention.py runs it where
+# 1.7e-3 against 2.3e-3. The widener's three extra jobs (session 32) were
+# measured on an H100: a q = 8 call 3-4 % faster at 64k-128k, the same error.
+# spec_decode_attention.py runs it where
 # int8_hopper_unsupported() (spec_decode_attention_plan.py) finds nothing
 # against the cache and plan, and says why not where it does.
 
