@@ -13,6 +13,8 @@
 #   sda_new   the series as vLLM dispatches it, against stock, q = 4, 8 and 16
 #   sda_old*  the series before session 32 at q = 4 and 8, alternating with the series now
 #   q8_*      the candidate at q = 8, its default and the series' one-warpgroup flags
+# Session 32 ran worker, sda_new and sda_old1 on an H100 (the call was cut at 200 s); it is
+# meant next for an H200, where the consumer bounds a q = 8 tile and the targets are set.
 # (session 31 ran the candidate's options; session 26 the chunked query at q = 16)
 set -u
 cd "$(dirname "$0")/../.."
