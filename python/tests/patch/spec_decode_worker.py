@@ -1132,16 +1132,14 @@ def compile_hopper_int8_report(sda: Any, ws: Any, heads: int, kv_heads: int, hea
     sys.path.insert(0, str(BENCH_DIR))
     import int8_ws_candidate as cand
 
-    one_wg = [q for q in COMPILE_QUERY_LENS if cand.warpgroups(q, heads // kv_heads)[0] == 1]
-    plan_one = sda.plan_for_cache(1, one_wg[0], heads, kv_heads, head_size, ws,
-                                  torch.empty(1, block_size, kv_heads, head_size + 4,
-                                              dtype=torch.int8), True, sda.TILE_PLANS["int8"])
-    one_wg_cubins = _candidate_one_wg_cubins(one_wg, plan_one.num_segments, mod.STAGES, workdir)
     cache = torch.empty(1, block_size, kv_heads, head_size + 4, dtype=torch.int8)
+    plans = {q: sda.plan_for_cache(1, q, heads, kv_heads, head_size, ws, cache, True,
+                                   sda.TILE_PLANS["int8"]) for q in COMPILE_QUERY_LENS}
+    one_wg = [q for q, plan in plans.items() if plan.num_wg == 1]
+    (segments,) = {plans[q].num_segments for q in one_wg}
+    one_wg_cubins = _candidate_one_wg_cubins(one_wg, segments, mod.STAGES, workdir)
     rows: dict[str, Any] = {}
-    for q in COMPILE_QUERY_LENS:
-        plan = sda.plan_for_cache(1, q, heads, kv_heads, head_size, ws, cache, True,
-                                  sda.TILE_PLANS["int8"])
+    for q, plan in plans.items():
         lazy = plan.num_wg == 2
         compiled = compile_hopper_int8(mod, plan, heads, kv_heads, block_size, lazy)
         ptx = compiled.asm["ptx"]
