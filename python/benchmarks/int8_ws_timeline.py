@@ -142,8 +142,20 @@ def compile_report(workdir: Path) -> dict[str, Any]:
             "shared": timed.metadata.shared, "plain_shared": base.metadata.shared}
 
 
+def series_globals(q: int) -> dict[str, bool | int]:
+    """The candidate's options the series' int8 Hopper pass compiles with at this verify
+    length (spec_decode_attn.md, "The one-warpgroup path in the series"): with one consumer
+    warpgroup (q x G <= 64) the widener's scales, one Q.K wait, V scaled as it is widened and
+    the stage released early; two warpgroups keep the candidate's defaults. The same set as
+    tests/patch/spec_decode_worker.py's SERIES_ONE_WG_FLAGS, as module globals."""
+    if q * 6 > 64:
+        return {}
+    return {"SCALES_AT": 2, "QK_ONCE": True, "V_SCALED": True, "WIDENER_RELEASE_EARLY": True}
+
+
 def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool,
-                out: Path | None, workdir: Path, q: int = 8, q_magic: bool = False) -> int:
+                out: Path | None, workdir: Path, q: int = 8, q_magic: bool = False,
+                series: bool = False) -> int:
     sys.path.insert(0, tree)
     sys.path.insert(1, str(HERE.parent))
     import spec_decode_attn as bench
@@ -158,6 +170,9 @@ def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool
     cand = load(workdir)
     vars(cand)["EPI_SMEM"] = gl.constexpr(epilogue_smem)  # read when the kernel compiles
     vars(cand)["Q_MAGIC"] = gl.constexpr(q_magic)
+    flags = series_globals(q) if series else {}
+    for name, value in flags.items():
+        vars(cand)[name] = gl.constexpr(value)
     sda = importlib.import_module("vllm.v1.attention.ops.spec_decode_attention")
     bench.KV = "int8"
     env = {"torch": torch, "ref": ref, "sda": sda}
@@ -169,7 +184,7 @@ def _device_run(tree: str, contexts: list[int], stages: int, epilogue_smem: bool
     cand.TIMELINE[0] = torch.zeros(programs * len(SLOTS), dtype=torch.int64, device="cuda")
     qk_scale = bench.HEAD_SIZE**-0.5 * 1.4426950408889634
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "stages": stages, "q": q,
-                              "q_magic": q_magic,
+                              "q_magic": q_magic, "series_flags": sorted(flags),
                               "epilogue_smem": epilogue_smem, "contexts": {}}
     for ctx in contexts:
         batch = bench.Cell(env, 1, ctx).batches(q)[0]
@@ -211,6 +226,8 @@ def main() -> int:
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--epilogue", choices=("rows", "smem"), default="rows",
                         help="the candidate's --epilogue (smem frees room for --stages 3)")
+    parser.add_argument("--series", action="store_true",
+                        help="time the candidate with the options the series compiles at --q")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -224,7 +241,7 @@ def main() -> int:
             parser.error("--tree is needed for a device run")
         return _device_run(args.tree, [int(c) for c in args.contexts.split(",") if c],
                            args.stages, args.epilogue == "smem", args.json, Path(tmp), args.q,
-                           args.q_round == "magic")
+                           args.q_round == "magic", args.series)
 
 
 if __name__ == "__main__":

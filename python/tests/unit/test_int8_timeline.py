@@ -44,3 +44,17 @@ def test_a_reshaped_candidate_is_refused_by_name(timeline: ModuleType) -> None:
     assert reshaped != text
     with pytest.raises(ValueError, match="seq = pid"):
         timeline.instrumented_source(reshaped)
+
+
+def test_series_flags_are_candidate_globals_and_only_for_one_warpgroup(
+        timeline: ModuleType) -> None:
+    # --series sets these as the candidate's module globals before it compiles: a name the
+    # candidate no longer declares would be set and read by nothing.
+    text = timeline.CANDIDATE.read_text()
+    flags = timeline.series_globals(8)
+    assert flags
+    for name in flags:
+        assert re.search(rf"^{name} = gl\.constexpr\(", text, re.M), name
+    assert timeline.series_globals(10) == flags
+    # Two consumer warpgroups (q x G > 64) keep the candidate's defaults, as the series does.
+    assert timeline.series_globals(11) == timeline.series_globals(16) == {}
