@@ -2,11 +2,12 @@
 
 argv: MODEL_DIR MODE(plain|mtp) OUT_JSON [SEQUENCES_JSON|self]. Writes {"tokens": [[ids...] per
 prompt], "prompt_ids": [[ids...] per prompt], "layers": {module prefix: quant method class},
-"lm_head_params": [...]}, and OUT_JSON.logits.pt: 256 fixed random hidden states and the
-served lm_head's logits for them, plus with SEQUENCES_JSON (a list of token-id lists; "self":
-each prompt with this model's own greedy answer) "top1": the model's top-1 next token at
-every position of each sequence (teacher-forced, through prompt_logprobs), and under mtp the
-spec-decode counters and the drafter's layer classes.
+"lm_head_params": [...], "lm_head_w4a8": whether vLLM took its W4A8 kernel}, and
+OUT_JSON.logits.pt: 256 fixed random hidden states and the served lm_head's logits for them,
+plus with SEQUENCES_JSON (a list of token-id lists; "self": each prompt with this model's own
+greedy answer) "top1": the model's top-1 next token at every position of each sequence
+(teacher-forced, through prompt_logprobs), and under mtp the spec-decode counters and the
+drafter's layer classes.
 """
 
 import json
@@ -48,6 +49,8 @@ def inspect(worker: Any, hidden: Any) -> dict[str, Any]:
     report: dict[str, Any] = {"layers": _methods(runner.model)}
     lm_head = runner.model.lm_head
     report["lm_head_params"] = sorted(n for n, _ in lm_head.named_parameters())
+    # On a CPU with AMX, vLLM serves int4 weights as W4A8 (int8 activations) by default.
+    report["lm_head_w4a8"] = bool(getattr(lm_head, "use_w4a8", False))
     # The served lm_head's own logits for fixed hidden states, through its quant method
     # (the kernel that decodes the packed weights), for the caller to check against the file.
     with torch.no_grad():
