@@ -163,7 +163,14 @@ def test_conversation_hits_survive_traffic_between_turns(
     print("turn  prompt  stock  patched")
     for i, (s, p) in enumerate(zip(stock, patched, strict=True)):
         print(f"{i:>4}  {p.prompt_tokens:>6}  {s.cached_tokens:>5}  {p.cached_tokens:>7}")
-    assert [t.prompt_tokens for t in stock] == [t.prompt_tokens for t in patched]
+    # Both lives send the same user turns; the assistant turns are each server's own greedy
+    # replies, and on the CPU build a reply can differ between two lives where the requests
+    # batched beside it change the kernels' rounding (a fresh-clone CI run on an AMX CPU:
+    # 3480 against 3463 prompt tokens at turn 2). The comparison needs the same conversation
+    # shape, not the same bytes.
+    assert stock[0].prompt_tokens == patched[0].prompt_tokens
+    for s, p in zip(stock, patched, strict=True):
+        assert abs(s.prompt_tokens - p.prompt_tokens) <= 0.05 * p.prompt_tokens, (stock, patched)
     # Turn 0 has nothing to hit. Turn 1 reads 0 on both trees in this scenario (measured; its
     # cause is not pinned down yet: the pool is still fresh when turn 0's others run). From
     # turn 2 on the patched tree hits every turn. Stock's misses depend on when the other
