@@ -38,8 +38,8 @@ RECORD = Path(
     or Path(__file__).with_name("int8_candidate_result.json")
 )
 CANDIDATE = Path(__file__).resolve().parents[2] / "benchmarks" / "int8_ws_candidate.py"
-RERUN = ("pack_device_tree.py, then benchmarks/device_call.sh on an H200 or H100 (its cand "
-         "step: int8_ws_candidate.py --tree DIR --json $OUT/cand.json)")
+RERUN = ("pack_device_tree.py, then on an H200 or H100: benchmarks/int8_ws_candidate.py "
+         "--tree DIR --json $OUT/cand.json")
 # Verify lengths and contexts the record must cover, and the variants within the error bar
 # (two Q.K terms: one term is about 3x stock's error, session 5 and spec_decode_attn.md).
 QUERIES = {8, 16}
