@@ -26,6 +26,9 @@ T=$(mktemp -d) && tar xJf .device/sda-tree.tar.xz -C "$T"
 cd python
 finish() { (cd "$W" && tar cJf "$OUT/r.tmp" . && mv "$OUT/r.tmp" "$OUT/r.tar.xz"); }
 STEPS=" ${STEPS:-sda1 tl8 worker sda2} "   # STEPS="sda1" runs that step alone
+for s in $STEPS; do
+  [[ " sda1 tl8 worker sda2 " == *" $s "* ]] || { echo "STEPS: no step '$s'" >&2; exit 2; }
+done
 step() {
   local name=$1 t0; t0=$(date +%s); shift
   [[ $STEPS == *" $name "* ]] || return 0
