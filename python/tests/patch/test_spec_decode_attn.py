@@ -841,6 +841,28 @@ def test_int8_timeline_compiles_with_its_timer_reads(tmp_path: Path) -> None:
 
 
 @pytest.mark.patch
+def test_keys_as_m_tile_compiles_without_spills(tmp_path: Path) -> None:
+    """benchmarks/int8_km_tile.py (session 35; measured on an H100, spec_decode_attn.md,
+    "The keys as the MMA's M"): the lazy scorer's loop issues Q.K as 36 int8 wgmma (two
+    terms x two N blocks x nine k-steps) and each P.V warpgroup's loop 16, no loop of the
+    measured forms spills, and the lazy form's steady work is smaller than the exact one's
+    (its column reductions off the steady path)."""
+    out = tmp_path / "km.json"
+    proc = subprocess.run([sys.executable, str(worker.BENCH_DIR / "int8_km_tile.py"),
+                           "--compile-only", "--softmax", "exact,lazy", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    exact, lazy = json.loads(out.read_text())
+    for report in (exact, lazy):
+        scorer, *pv = report["mma_loops"]
+        assert scorer["mma"] == 36 and [lp["mma"] for lp in pv] == [16, 16], report
+        assert all(lp["stack"] <= 1 for lp in report["mma_loops"]), report
+        assert report["shared"] <= 227 << 10, report
+    assert lazy["mma_loops"][0]["instructions"] < exact["mma_loops"][0]["instructions"]
+    assert lazy["mma_loops"][0]["barriers"] < exact["mma_loops"][0]["barriers"]
+
+
+@pytest.mark.patch
 def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     patched_cpu_tree: Path, tmp_path: Path
 ) -> None:
