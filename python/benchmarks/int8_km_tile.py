@@ -55,8 +55,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-# A barrier over the calling partition's threads (Triton 3.9: barrier; 3.6: thread_barrier).
-_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+# The candidate's exact fp16 widening (the series' too) and its partition barrier (Triton
+# 3.9's name or 3.6's), imported from beside this file rather than copied.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from int8_ws_candidate import _partition_barrier, _widen
 
 KEYS = gl.constexpr(64)     # a tile's keys: the M of Q.K
 RA = gl.constexpr(64)       # query rows in the first N block
@@ -75,39 +77,22 @@ LD_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
 
 
 @gluon.jit
-def _widen(v8):
-    """int8 codes into fp16 exactly (the series' 1024-bias widening)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 t, m; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64806480;"
-        " prmt.b32 $0, t, 0x64646464, 0x5140; prmt.b32 $1, t, 0x64646464, 0x5342;"
-        " sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
-        "=r,=r,r", [v8], dtype=gl.float16, is_pure=True, pack=4)
-
-
-@gluon.jit
-def _qk_term(kb, q, qt, zero):
-    """One query term's S^T block: K's two chunks and its tail k-step (the first KT
-    columns of V's first chunk, as the series reads K's tail), left running."""
-    acc = warpgroup_mma(kb.index(0), q.index(0).permute((1, 0)), zero, use_acc=False,
+def _qk_term(kb, q, qt, acc, ON: gl.constexpr = False):
+    """One query term's S^T block, left running: K's two chunks and its tail k-step (the
+    first KT columns of V's first chunk, as the series reads K's tail). ON (PIPE): added
+    onto acc, the high term's codes x 256 (one int32 accumulator a block: |hi.K| x 256 +
+    |lo.K| stays under 2**31 at 288 columns); otherwise acc only gives the layout."""
+    acc = warpgroup_mma(kb.index(0), q.index(0).permute((1, 0)), acc, use_acc=ON,
                         is_async=True)
     acc = warpgroup_mma(kb.index(1), q.index(1).permute((1, 0)), acc, is_async=True)
     return warpgroup_mma(kb.index(2).slice(0, KT, 1), qt.permute((1, 0)), acc, is_async=True)
 
 
 @gluon.jit
-def _qk_term_on(kb, q, qt, acc):
-    """PIPE: the low term's k-steps added onto the high term's codes x 256 (one int32
-    accumulator a block: |hi.K| x 256 + |lo.K| stays under 2**31 at 288 columns)."""
-    acc = warpgroup_mma(kb.index(0), q.index(0).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(kb.index(1), q.index(1).permute((1, 0)), acc, is_async=True)
-    return warpgroup_mma(kb.index(2).slice(0, KT, 1), qt.permute((1, 0)), acc, is_async=True)
-
-
-@gluon.jit
-def _col_softmax(hi, lo, k_sc, q_sc, m_i, l_i):
+def _col_softmax(s, k_sc, q_sc, m_i, l_i):
     """One N block's online softmax down the columns (the keys are the rows here): the
     scores, the new column maxima, the rescale factor and P x P_SCALE."""
-    x = (hi * 256 + lo).to(gl.float32) * k_sc[:, None]
+    x = s.to(gl.float32) * k_sc[:, None]
     m_new = gl.maximum(m_i, gl.max(x, axis=0) * q_sc)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(x * q_sc[None, :] - m_new[None, :])
@@ -116,16 +101,9 @@ def _col_softmax(hi, lo, k_sc, q_sc, m_i, l_i):
 
 
 @gluon.jit
-def _lazy_scores(hi, lo, k_sc, q_sc, m_ref):
-    """LAZY: one N block's scores in log2 units against the columns' reference maxima
-    (no reduction down the columns)."""
-    x = (hi * 256 + lo).to(gl.float32) * k_sc[:, None]
-    return x * q_sc[None, :] - m_ref[None, :]
-
-
-@gluon.jit
-def _scores_of(s, k_sc, q_sc, m_ref):
-    """PIPE: as _lazy_scores, from the one accumulator."""
+def _lazy_scores(s, k_sc, q_sc, m_ref):
+    """LAZY: one N block's scores (the int32 codes' sum, high term x 256 + low) in log2
+    units against the columns' reference maxima (no reduction down the columns)."""
     x = s.to(gl.float32) * k_sc[:, None]
     return x * q_sc[None, :] - m_ref[None, :]
 
@@ -185,8 +163,8 @@ def _scorer(kb, qha, qhat, qla, qlat, qhb, qhbt, qlb, qlbt, ksc_s, qsc_ptr, pa_s
         na = _qk_term(kb, qha, qhat, za)
         nb = _qk_term(kb, qhb, qhbt, zb)
         na, nb = warpgroup_mma_wait(num_outstanding=0, deps=(na, nb))
-        na = _qk_term_on(kb, qla, qlat, na * 256)
-        nb = _qk_term_on(kb, qlb, qlbt, nb * 256)
+        na = _qk_term(kb, qla, qlat, na * 256, True)
+        nb = _qk_term(kb, qlb, qlbt, nb * 256, True)
         sa, sb = warpgroup_mma_wait(num_outstanding=0, deps=(na, nb))
     else:
         sa = za
@@ -194,25 +172,20 @@ def _scorer(kb, qha, qhat, qla, qlat, qhb, qhbt, qlb, qlbt, ksc_s, qsc_ptr, pa_s
     for t in range(n_tiles):
         b = t % 2
         if PIPE == 1:
+            # The next tile's high term, under this tile's softmax (sa, sb: this tile's).
             na = _qk_term(kb, qha, qhat, za)
             nb = _qk_term(kb, qhb, qhbt, zb)
-            d_a = _scores_of(sa, k_sc_a, q_sc_a, m_a)
-            d_b = _scores_of(sb, k_sc_b, q_sc_b, m_b)
-            al_a = gl.full([RA], 1.0, gl.float32, layout=ca)
-            al_b = gl.full([RB], 1.0, gl.float32, layout=cb)
-            if (_grown(d_a, d_b) > RESCALE_LOG2) | (t == 0):
-                m_a, al_a, d_a = _rebase(d_a, m_a, t == 0)
-                m_b, al_b, d_b = _rebase(d_b, m_b, t == 0)
-            p_a = gl.exp2(d_a).to(gl.float16)
-            p_b = gl.exp2(d_b).to(gl.float16)
-        elif LAZY:
+        else:
             ha = _qk_term(kb, qha, qhat, za)
             hb = _qk_term(kb, qhb, qhbt, zb)
             la = _qk_term(kb, qla, qlat, za)
             lb = _qk_term(kb, qlb, qlbt, zb)
             ha, hb, la, lb = warpgroup_mma_wait(num_outstanding=0, deps=(ha, hb, la, lb))
-            d_a = _lazy_scores(ha, la, k_sc_a, q_sc_a, m_a)
-            d_b = _lazy_scores(hb, lb, k_sc_b, q_sc_b, m_b)
+            sa = ha * 256 + la
+            sb = hb * 256 + lb
+        if LAZY:
+            d_a = _lazy_scores(sa, k_sc_a, q_sc_a, m_a)
+            d_b = _lazy_scores(sb, k_sc_b, q_sc_b, m_b)
             al_a = gl.full([RA], 1.0, gl.float32, layout=ca)
             al_b = gl.full([RB], 1.0, gl.float32, layout=cb)
             if PIPE == 2:
@@ -225,13 +198,8 @@ def _scorer(kb, qha, qhat, qla, qlat, qhb, qhbt, qlb, qlbt, ksc_s, qsc_ptr, pa_s
                 p_a = gl.exp2(d_a).to(gl.float16)
                 p_b = gl.exp2(d_b).to(gl.float16)
         else:
-            ha = _qk_term(kb, qha, qhat, za)
-            hb = _qk_term(kb, qhb, qhbt, zb)
-            la = _qk_term(kb, qla, qlat, za)
-            lb = _qk_term(kb, qlb, qlbt, zb)
-            ha, hb, la, lb = warpgroup_mma_wait(num_outstanding=0, deps=(ha, hb, la, lb))
-            m_a, l_a, al_a, p_a = _col_softmax(ha, la, k_sc_a, q_sc_a, m_a, l_a)
-            m_b, l_b, al_b, p_b = _col_softmax(hb, lb, k_sc_b, q_sc_b, m_b, l_b)
+            m_a, l_a, al_a, p_a = _col_softmax(sa, k_sc_a, q_sc_a, m_a, l_a)
+            m_b, l_b, al_b, p_b = _col_softmax(sb, k_sc_b, q_sc_b, m_b, l_b)
         # Buffer b is free once both P.V warpgroups have read tile t - 2 from it.
         mbarrier.wait(p_empty.index(b), ((t // 2) & 1) ^ 1)
         pa_s.index(b).store(p_a)
@@ -243,8 +211,8 @@ def _scorer(kb, qha, qhat, qla, qlat, qhb, qhbt, qlb, qlbt, ksc_s, qsc_ptr, pa_s
         mbarrier.arrive(p_full.index(b), count=1)
         if PIPE == 1:
             na, nb = warpgroup_mma_wait(num_outstanding=0, deps=(na, nb))
-            na = _qk_term_on(kb, qla, qlat, na * 256)
-            nb = _qk_term_on(kb, qlb, qlbt, nb * 256)
+            na = _qk_term(kb, qla, qlat, na * 256, True)
+            nb = _qk_term(kb, qlb, qlbt, nb * 256, True)
             sa, sb = warpgroup_mma_wait(num_outstanding=0, deps=(na, nb))
     gl.store(m_ptr + gl.program_id(0) * (RA + RB) + gl.arange(0, RA, layout=ca), m_a)
     gl.store(m_ptr + gl.program_id(0) * (RA + RB) + RA + gl.arange(0, RB, layout=cb), m_b)
@@ -275,7 +243,7 @@ def _pv(kb, vsc_s, vbf, pa_s, pb_s, al_s, p_full, p_empty, o_ptr, l_ptr, n_tiles
     for t in range(n_tiles):
         b = t % 2
         v8 = kb.index(2 + H).load(V_LOAD_LAYOUT)
-        vbf.index(b).store(_widen(v8) * v_sc)
+        vbf.index(b).store(_widen(v8, gl.float16) * v_sc)
         fence_async_shared()
         _partition_barrier()
         mbarrier.wait(p_full.index(b), (t // 2) & 1)
