@@ -5,17 +5,17 @@
 # Everything it writes comes back as one tarball, $OUT/r.tar.xz, re-made after each step
 # (a call returns only a few files, and a call cut off at its limit keeps the last one).
 # Steps, most needed first (a short call keeps what finished):
+#   worker    the series' split passes checked on the GPU against the float32 reference;
+#             every int8 case also with the int8 Hopper pass merging its own partials
+#             (fused: a cooperative launch, no reduce pass; repeated, bit for bit) and
+#             with the reduce pass (separate)
 #   sda1      the series as vLLM dispatches it, against stock, q = 4, 8 and 16, batch 1:
 #             the cells issue 21's targets are set in (they are set for the H200); each
-#             cell checks its output against the float32 reference too
-#   tl8       where a q = 8 call's fixed cost goes now (int8_ws_timeline.py --series: the
-#             candidate with the options the series compiles at q = 8), eager, one launch
-#   worker    the series' split passes checked on the GPU against the float32 reference
-#             (every int8 case: q = 4 and 8 take the one-warpgroup path of session 32)
+#             cell checks its output against the float32 reference, and where the int8
+#             Hopper pass can merge its own partials times the other choice right after
+#   sda4      the same at batch 4, 16k and 64k (eight segments a request)
 #   sda2      sda1 again, for the spread between two runs of one build
-# Session 32's steps (the series before and after its change, the candidate's options) ran
-# on H100s; the tables they made are in spec_decode_attn.md. Session 33 wrote this one;
-# session 34 ran it on an H100 (166 s) and put the dispatched table first.
+# Session 34 ran the previous form of this call on an H100; session 36 wrote this one.
 set -u
 cd "$(dirname "$0")/../.."
 W=$(mktemp -d)
@@ -25,9 +25,9 @@ cat "$W/gpu.txt"
 T=$(mktemp -d) && tar xJf .device/sda-tree.tar.xz -C "$T"
 cd python
 finish() { (cd "$W" && tar cJf "$OUT/r.tmp" . && mv "$OUT/r.tmp" "$OUT/r.tar.xz"); }
-STEPS=" ${STEPS:-sda1 tl8 worker sda2} "   # STEPS="sda1" runs that step alone
+STEPS=" ${STEPS:-worker sda1 sda4 sda2} "   # STEPS="sda1" runs that step alone
 for s in $STEPS; do
-  [[ " sda1 tl8 worker sda2 " == *" $s "* ]] || { echo "STEPS: no step '$s'" >&2; exit 2; }
+  [[ " worker sda1 sda4 sda2 " == *" $s "* ]] || { echo "STEPS: no step '$s'" >&2; exit 2; }
 done
 step() {
   local name=$1 t0; t0=$(date +%s); shift
@@ -38,12 +38,13 @@ step() {
   finish
   grep -v '^INFO\|^WARNING' "$W/$name.log" | tail -n "${TAILN:-6}" | cut -c1-400
 }
-S=(--kv int8 --batches 1 --contexts 16384,65536,131072 --budget 110 --queries 4,8,16)
-LIM=150 TAILN=14 step sda1 python3 benchmarks/spec_decode_attn.py --tree "$T" \
-  --out "$W/sda1" "${S[@]}" --json "$W/sda1.json"
-LIM=120 TAILN=5 step tl8 python3 benchmarks/int8_ws_timeline.py --tree "$T" --q 8 --series \
-  --contexts 2048,16384,65536 --json "$W/tl8.json"
-LIM=150 TAILN=12 step worker python3 tests/patch/spec_decode_worker.py --tree "$T" \
+S=(--kv int8 --contexts 16384,65536,131072 --budget 110 --queries 4,8,16)
+LIM=180 TAILN=4 step worker python3 tests/patch/spec_decode_worker.py --tree "$T" \
   --out "$W/worker.json" --device cuda --skip-dispatch
-LIM=150 TAILN=14 step sda2 python3 benchmarks/spec_decode_attn.py --tree "$T" \
-  --out "$W/sda2" "${S[@]}" --json "$W/sda2.json"
+LIM=180 TAILN=26 step sda1 python3 benchmarks/spec_decode_attn.py --tree "$T" \
+  --out "$W/sda1" "${S[@]}" --batches 1 --json "$W/sda1.json"
+LIM=150 TAILN=12 step sda4 python3 benchmarks/spec_decode_attn.py --tree "$T" \
+  --out "$W/sda4" --kv int8 --contexts 16384,65536 --budget 90 --queries 8,16 --batches 4 \
+  --json "$W/sda4.json"
+LIM=180 TAILN=14 step sda2 python3 benchmarks/spec_decode_attn.py --tree "$T" \
+  --out "$W/sda2" "${S[@]}" --batches 1 --json "$W/sda2.json"

@@ -1417,6 +1417,7 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                           block_table_ptr, seq_lens_ptr, cu_seqlens_q_ptr, qk_scale,
                           min_seg_tokens, max_q, stride_q_tok, stride_q_head, stride_bt,
                           rows_per_block, stride_kv_head,
+                          out_ptr, sync_ptr, stride_o_tok, stride_o_head,
                           NUM_HEADS: gl.constexpr, G: gl.constexpr, BLOCK_SIZE: gl.constexpr,
                           WG_Q: gl.constexpr, NUM_WG: gl.constexpr, TILE_N: gl.constexpr,
                           BOX_T: gl.constexpr, NUM_SEGMENTS: gl.constexpr,
@@ -1762,6 +1763,9 @@ def launch(batch: Any, workspace: Any, plan: Any, qk_scale: float, int8_qk: int,
         batch.block_table, batch.seq_lens, batch.cu_seqlens_q, qk_scale,
         plan.min_segment_tokens, batch.max_query_len, q.stride(0), q.stride(1),
         batch.block_table.stride(0), rows_per_block, s_head,
+        # The series' output, counters and output strides (its merge of the partials,
+        # FUSE): unread here, passed so that the two compile to the same machine code.
+        workspace.part_out, workspace.part_max, 0, 0,
         NUM_HEADS=num_heads, G=num_heads // num_kv_heads, BLOCK_SIZE=block_size,
         WG_Q=wg_q, NUM_WG=num_wg, TILE_N=TILE_N, BOX_T=BOX_T,
         NUM_SEGMENTS=plan.num_segments, STAGES=stages, HEAD=head_size, INT8_QK=int8_qk,
@@ -1789,7 +1793,7 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
             signature[name] = "*" + PARTIALS
         elif name.startswith("part_"):
             signature[name] = "*fp32"
-        elif name == "q_ptr":
+        elif name in ("q_ptr", "out_ptr"):
             signature[name] = "*bf16"
         elif name == "desc":
             signature[name] = f"tensordesc<i8[{BOX_T}, {CH8.value}],{codes!r}>"
@@ -1803,7 +1807,8 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
             signature[name] = "fp32"
         elif name.startswith("stride_q") or name == "stride_bt":
             signature[name] = "i64"
-        elif name in ("min_seg_tokens", "max_q", "rows_per_block", "stride_kv_head"):
+        elif name in ("min_seg_tokens", "max_q", "rows_per_block", "stride_kv_head",
+                      "stride_o_tok", "stride_o_head"):
             signature[name] = "i32"
         else:
             signature[name] = "constexpr"
@@ -1819,7 +1824,7 @@ def compile_sm90(int8_qk: int, stages: int = 2, q: int = 8, segments: int = 32,
     # at these shapes; the JIT marks an integer argument divisible by 16 when it is). The
     # cache's head stride (520 bytes) is not, and the block table's varies with the batch.
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if name.endswith("_ptr") or name.startswith("stride_q")}
+             if name.endswith("_ptr") or name.startswith(("stride_q", "stride_o"))}
     source = GluonASTSource(
         fn, signature,
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,

@@ -227,16 +227,20 @@ def production_plan(sda: Any, b: Any, ws: Any) -> Any:
 
 
 def new_call(
-    env: dict[str, Any], b: Any, out: Any, ws: Any, overrides: dict[str, int] | None = None
+    env: dict[str, Any], b: Any, out: Any, ws: Any, overrides: dict[str, int] | None = None,
+    plan: Any = None,
 ) -> Callable[[], None]:
+    """One call of the split path on batch b: the production plan, the planner's with
+    these overrides, or this plan."""
     sda = env["sda"]
     heads = NUM_KV_HEADS * GROUP
     fields: dict[str, Any] = dict(overrides or {})
     # Diagnostic only: time the split pass alone (its output is left unreduced).
     split_only = fields.pop("_split_only", False)
-    plan = production_plan(sda, b, ws) if not fields else sda.plan_launch(
-        len(b.kv_lens), b.max_query_len, heads, NUM_KV_HEADS, HEAD_SIZE, ws, **fields
-    )
+    if plan is None:
+        plan = production_plan(sda, b, ws) if not fields else sda.plan_launch(
+            len(b.kv_lens), b.max_query_len, heads, NUM_KV_HEADS, HEAD_SIZE, ws, **fields
+        )
     if split_only:
         plan = dataclasses.replace(plan, reduce_grid=None)
 
@@ -270,6 +274,7 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
     floor = cell.kv_bytes / copy_bw
     # Both kernels against the float32 reference of the dequantized cache (and query).
     want = env["ref"].reference(batches[0], HEAD_SIZE**-0.5)
+    other = other_reduce(env, cell, q, ws, batches, plan, want)
     return {
         "kv": cell.kv,
         "batch": cell.batch,
@@ -289,7 +294,27 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
         "kernel": plan.kernel,
         "grid": list(plan.split_grid),
         "min_segment_tokens": plan.min_segment_tokens,
+        "fused_reduce": plan.fused_reduce,
+        **other,
     }
+
+
+def other_reduce(env: dict[str, Any], cell: Cell, q: int, ws: Any, batches: list[Any],
+                 plan: Any, want: Any) -> dict[str, Any]:
+    """Where the int8 Hopper pass can merge its own partials (fusable_grid), the cell
+    again with the other choice than the production plan's (the pass's merge against
+    the reduce pass), timed right after it on the same batches: its time and error."""
+    torch, sda = env["torch"], env["sda"]
+    if cell.kv != "int8" or plan.kernel != "hopper" or not sda.fusable_grid(
+            plan, HEAD_SIZE, ws.num_sms):
+        return {}
+    alt = dataclasses.replace(plan, fused_reduce=not plan.fused_reduce)
+    outs = [torch.full(b.query.shape, float("nan"), dtype=torch.bfloat16, device=DEVICE)
+            for b in batches]
+    t_alt = _time_graph(torch, [new_call(env, b, o, ws, plan=alt)
+                                for b, o in zip(batches, outs, strict=True)])
+    return {"other_fused_reduce": alt.fused_reduce, "other_us": t_alt * 1e6,
+            "other_rel_err": rel_err(outs[0], want)}
 
 
 # The first revision's launch-parameter sweep: its cells and the product of these values.
@@ -895,6 +920,8 @@ def main() -> int:
         r["floor_us"] = r["kv_bytes"] / copy_bw * 1e6
         r["pct_floor"] = 100 * r["floor_us"] / r["new_us"]
         r["stock_pct_floor"] = 100 * r["floor_us"] / r["stock_us"]
+        if "other_us" in r:
+            r["other_pct_floor"] = 100 * r["floor_us"] / r["other_us"]
     lines = [
         f"card: {card}; measured copy bandwidth {copy_bw / 1e12:.2f} TB/s; {software}",
         "",
@@ -911,6 +938,23 @@ def main() -> int:
             f"{r['rel_err']:.1e} / {r['stock_rel_err']:.1e} | "
             f"{r['rel_err_vs_stock']:.1e} | {r['kernel']} |"
         )
+    others = [r for r in rows if "other_us" in r]
+    if others:
+        lines += [
+            "", "The int8 Hopper pass with its partials merged by itself (fused) and by the "
+            "reduce pass (separate), each cell's two timed one after the other:", "",
+            "| batch | context | q | fused µs | separate µs | separate / fused "
+            "| % of floor fused / separate | rel err fused / separate |",
+            "|---:|---:|---:|---:|---:|---:|---|---|",
+        ]
+        for r in others:
+            prod, alt = (r["new_us"], r["rel_err"]), (r["other_us"], r["other_rel_err"])
+            (t_f, e_f), (t_s, e_s) = (prod, alt) if r["fused_reduce"] else (alt, prod)
+            lines.append(
+                f"| {r['batch']} | {r['context']} | {r['q']} | {t_f:.1f} | {t_s:.1f} | "
+                f"{t_s / t_f:.3f} | {100 * r['floor_us'] / t_f:.1f}% / "
+                f"{100 * r['floor_us'] / t_s:.1f}% | {e_f:.2e} / {e_s:.2e} |"
+            )
     if skipped:
         lines += ["", f"skipped (time budget {args.budget:.0f} s): "
                   + ", ".join(f"{s['kv']} b{s['batch']} {s['context']} q{s['q']}"

@@ -11,6 +11,7 @@ small shapes); ``--device cuda`` runs the full shapes on a GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib
 import json
@@ -171,8 +172,9 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
             head_size=head_size, device=torch.device(device),
             num_sms=8 if device == "cpu" else 132, hopper=hopper,
         )
-        # On sm_90 the int8 Hopper split pass by default, and the Triton one again.
-        for kernel in kernels:
+        # On sm_90 the int8 Hopper split pass as planned, then with its partials merged by
+        # itself and by the reduce pass, and the Triton one.
+        for kernel in [None, "fused", "separate", "triton"] if hopper else kernels:
             key = f"{name}/int8" + (f"/{kernel}" if kernel else "")
             results["kernel"][key] = run_case(
                 sda, ref, batch, ws, kernel, segments, False, qlens, kvlens, "int8"
@@ -241,39 +243,48 @@ def run_case(
         overrides.update(num_segments=segments, min_segment_tokens=1,
                          bt_lookahead=0 if no_prefetch else 1)
     plan = None
-    if overrides:
+    if kernel in ("fused", "separate"):
+        # The int8 Hopper pass's own plan with its partials merged by the pass itself
+        # (a cooperative launch) or by the reduce pass.
+        plan = sda.plan_for_cache(len(qlens), max(qlens), heads, kvh, hs, ws, batch.key_cache,
+                                  True, sda.TILE_PLANS["int8"])
+        if kernel == "fused" and not sda.fusable_grid(plan, hs, ws.num_sms):
+            return {"skipped": f"grid {plan.split_grid} is not fusable"}
+        plan = dataclasses.replace(plan, fused_reduce=kernel == "fused")
+    elif overrides:
         plan = sda.plan_launch(len(qlens), max(qlens), heads, kvh, hs, ws, **overrides)
     out = torch.full(batch.query.shape, float("nan"), dtype=torch.bfloat16,
                      device=batch.query.device)
     if batch.query.dtype == torch.float16:
         out = out.half()
     scale = hs**-0.5
+
+    def call(o: Any) -> Any:
+        return sda.spec_decode_attention(
+            batch.query, batch.key_cache, batch.value_cache, o, batch.cu_seqlens_q,
+            batch.seq_lens, batch.block_table, batch.max_query_len, scale, ws, plan,
+            batch.k_scale_cache, batch.v_scale_cache, batch.q_descale, batch.k_descale,
+            batch.v_descale,
+        )
+
     t0 = time.perf_counter()
-    used = sda.spec_decode_attention(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        out,
-        batch.cu_seqlens_q,
-        batch.seq_lens,
-        batch.block_table,
-        batch.max_query_len,
-        scale,
-        ws,
-        plan,
-        batch.k_scale_cache,
-        batch.v_scale_cache,
-        batch.q_descale,
-        batch.k_descale,
-        batch.v_descale,
-    )
+    used = call(out)
     elapsed = time.perf_counter() - t0
     row: dict[str, Any] = ref.compare(out, ref.reference(batch, scale), batch)
+    if kernel == "fused":
+        # Later launches find the arrival counters as the first left them: the same
+        # output, bit for bit, every time.
+        again = [torch.full_like(out, float("nan")) for _ in range(3)]
+        for o in again:
+            call(o)
+        row["repeats_identical"] = all(bool(torch.equal(o, out)) for o in again)
+        row["sync_left_zero"] = bool((ws.sync[0::2] == 0).all())
     row.update(
         query_lens=qlens,
         kv_lens=kvlens,
         dtype=dname,
         kernel=used.kernel,
+        fused_reduce=used.fused_reduce,
         split_grid=list(used.split_grid),
         reduce_grid=list(used.reduce_grid) if used.reduce_grid else None,
         block_m=used.block_m,
@@ -886,7 +897,7 @@ def gluon_split_signature(fn: Any, descs: dict[str, str]) -> dict[str, str]:
             signature[name] = descs[name]
         elif name.startswith("part_"):
             signature[name] = "*fp32"
-        elif name == "q_ptr":
+        elif name in ("q_ptr", "out_ptr"):
             signature[name] = "*bf16"
         elif name.endswith("_ptr"):
             signature[name] = "*i32"
@@ -894,7 +905,8 @@ def gluon_split_signature(fn: Any, descs: dict[str, str]) -> dict[str, str]:
             signature[name] = "fp32"
         elif name.startswith("stride_q") or name == "stride_bt":
             signature[name] = "i64"
-        elif name in ("min_seg_tokens", "max_q", "rows_per_block", "stride_kv_head"):
+        elif name in ("min_seg_tokens", "max_q", "rows_per_block", "stride_kv_head",
+                      "stride_o_tok", "stride_o_head"):
             signature[name] = "i32"
         else:
             signature[name] = "constexpr"
@@ -909,11 +921,11 @@ def compile_gluon_split(fn: Any, descs: dict[str, str], constexprs: dict[str, An
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    # The pointers and the query's strides divisible by 16, as a launch's JIT marks them:
-    # without the mark the query loads compile 2 bytes wide. (The int8 cache's head stride,
-    # 520 bytes, is not a multiple; the block table's stride varies.)
+    # The pointers and the query's and output's strides divisible by 16, as a launch's JIT
+    # marks them: without the mark the query loads compile 2 bytes wide. (The int8 cache's
+    # head stride, 520 bytes, is not a multiple; the block table's stride varies.)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if name.endswith("_ptr") or name.startswith("stride_q")}
+             if name.endswith("_ptr") or name.startswith(("stride_q", "stride_o"))}
     source = GluonASTSource(
         fn, gluon_split_signature(fn, descs),
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs,
@@ -1060,9 +1072,10 @@ def _prod_suffix(int8_qk: int | None, rows: str | None) -> str:
 
 
 def compile_hopper_int8(mod: Any, plan: Any, heads: int, kv_heads: int, block_size: int,
-                        lazy: bool) -> Any:
+                        lazy: bool, fuse: bool = False) -> Any:
     """The int8 Hopper split pass of a Hopper plan, compiled for sm_90a with the arguments
-    ws_split_int8 passes (TMA descriptors of 16-token boxes over the int8 cache buffer)."""
+    ws_split_int8 passes (TMA descriptors of 16-token boxes over the int8 cache buffer);
+    fuse: with its own merge of the partials (plan.fused_reduce's build)."""
     from triton.experimental.gluon import language as gl
 
     fn = mod._ws_split_int8_kernel
@@ -1076,6 +1089,7 @@ def compile_hopper_int8(mod: Any, plan: Any, heads: int, kv_heads: int, block_si
         "NUM_HEADS": heads, "G": heads // kv_heads, "BLOCK_SIZE": block_size,
         "WG_Q": plan.wg_q, "NUM_WG": plan.num_wg, "TILE_N": mod.TILE_N, "BOX_T": mod.BOX_T,
         "NUM_SEGMENTS": plan.num_segments, "STAGES": mod.STAGES, "HEAD": 256, "LAZY": lazy,
+        "FUSE": fuse, "MERGE_LAYOUT": mod.merge_layout(plan.num_segments, 256) if fuse else None,
     }, mod.MAXNREG)
 
 
@@ -1167,6 +1181,18 @@ def compile_hopper_int8_report(sda: Any, ws: Any, heads: int, kv_heads: int, hea
             "candidate_sass_sha256": hashlib.sha256(
                 sass_instructions(want_cubin, workdir).encode()).hexdigest(),
             "candidate_shared": want_shared,
+        }
+        # The build that merges its own partials (plan.fused_reduce): the same kernel with
+        # the group barrier and the merge after the partitions.
+        fused = compile_hopper_int8(mod, plan, heads, kv_heads, block_size, lazy, fuse=True)
+        fptx = fused.asm["ptx"]
+        f_regs, f_spill = _ptxas_report(fptx, "sm_90a", workdir)
+        rows[f"h200/q{q}/int8"]["fused"] = {
+            "shared": fused.metadata.shared, "regs": f_regs, "spill_bytes": f_spill,
+            # Each scalar atomic is one predicated instruction (a single thread's).
+            "atomics": re.findall(r"@%p\d+ (?:atom|red|ld)\.global\.gpu\.(\w+)", fptx),
+            "merge_loads_v4": len(re.findall(r"ld\.global\.cg\.v4\.b32", fptx)),
+            "s8_wgmma": len(re.findall(r"wgmma\.mma_async\S*\.s32\.s8\.s8", fptx)),
         }
         print(f"h200/q{q}/int8: {rows[f'h200/q{q}/int8']}", flush=True)
     return rows

@@ -378,6 +378,25 @@ def test_int8_hopper_pass_is_the_measured_candidate(compiled: dict[str, Any]) ->
 
 
 @pytest.mark.patch
+def test_int8_hopper_pass_that_merges_its_own_partials(compiled: dict[str, Any]) -> None:
+    """The int8 Hopper pass built to merge its own partials (plan.fused_reduce): the same
+    shared memory and tile loop (as many int8 wgmma), no more spilled bytes, the group
+    barrier as single-thread atomics (a relaxed read of the generation, the acquire-release
+    arrival, the last program's reset and release, the others' acquire polls), and the
+    merge's partial outputs read 16 bytes at a time from L2."""
+    for q in (4, 8, 16):
+        row = compiled[f"h200/q{q}/int8"]
+        fused = row["fused"]
+        assert fused["shared"] == row["shared"], row
+        assert fused["s8_wgmma"] == row["s8_wgmma"], row
+        assert fused["spill_bytes"] is not None and row["spill_bytes"] is not None, row
+        assert fused["spill_bytes"] <= row["spill_bytes"], row
+        assert sorted(fused["atomics"]) == sorted(
+            ["relaxed", "acq_rel", "relaxed", "release", "acquire"]), fused
+        assert fused["merge_loads_v4"] > 0, fused
+
+
+@pytest.mark.patch
 def test_int8_split_pass_compiled_for_rtx3090(compiled: dict[str, Any]) -> None:
     """The int8 per-token-head variant as the planner launches it on an RTX 3090 (sm_86),
     compiled with the alignment a real launch has (V's rows and both scale rows start 4

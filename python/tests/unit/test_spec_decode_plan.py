@@ -145,6 +145,29 @@ def test_plans_fit_their_workspace_and_grid(
         assert p.reduce_grid == (None if p.num_segments == 1 else (num_seqs * q, heads))
 
 
+@settings(max_examples=60, deadline=None)
+@given(num_seqs=st.integers(1, 8), q=st.integers(2, 16), sms=st.sampled_from([16, 82, 132]))
+def test_hopper_plans_of_the_model_shape_may_merge_their_own_partials(
+    num_seqs: int, q: int, sms: int
+) -> None:
+    """The int8 Hopper pass merges its own partials only where every program of the grid
+    is resident at once (one an SM) and each takes an equal share of the head's columns:
+    the Hopper planner's own plans always qualify, a forced grid wider than the card does
+    not, and neither does a Triton plan."""
+    ws = _shape(sms, 227 << 10, True, max_tokens=num_seqs * 16)
+    p = plan.plan_launch(num_seqs, q, HEADS, KV_HEADS, HEAD_SIZE, ws)
+    assert p.kernel == "hopper" and not p.fused_reduce  # the field defaults off
+    programs = math.prod(p.split_grid)
+    assert plan.fusable_grid(p, HEAD_SIZE, sms) == (programs <= sms)
+    assert programs <= sms or num_seqs * KV_HEADS > sms
+    wide = plan.plan_launch(num_seqs, q, HEADS, KV_HEADS, HEAD_SIZE, ws,
+                            num_segments=plan.MAX_SEGMENTS)
+    assert not plan.fusable_grid(wide, HEAD_SIZE, sms)  # 128 segments x 4 heads > sms
+    assert not plan.fusable_grid(p, 96, sms) or 96 % p.num_segments == 0
+    triton = plan.plan_launch(num_seqs, q, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton")
+    assert not plan.fusable_grid(triton, HEAD_SIZE, sms)
+
+
 def test_forced_shapes_are_honoured_or_refused() -> None:
     ws = _shape(132, 227 << 10, True)
     forced = plan.plan_launch(1, 8, HEADS, KV_HEADS, HEAD_SIZE, ws, kernel="triton",

@@ -28,6 +28,7 @@
 # write the same partials. The launch planner, which decides from shapes only,
 # is spec_decode_attention_plan.py.
 
+import dataclasses
 import functools
 import importlib
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from vllm.v1.attention.ops.spec_decode_attention_plan import (
     WORKSPACE_BUDGET_BYTES,
     LaunchPlan,
     WorkspaceShape,
+    fusable_grid,
     int8_hopper_unsupported,
     plan_launch,
     plan_smem,
@@ -54,6 +56,7 @@ from vllm.v1.attention.ops.spec_decode_attention_plan import (
 # qwen3090's tests and benchmark look for them.
 __all__ = [
     "ARCH_TILE_PLANS",
+    "INT8_FUSED_REDUCE",
     "MAX_BLOCK_M",
     "MAX_SEGMENTS",
     "MIN_SEGMENT_TOKENS",
@@ -64,6 +67,7 @@ __all__ = [
     "SpecDecodeWorkspace",
     "TilePlan",
     "cache_tile_plan",
+    "fusable_grid",
     "get_workspace",
     "hopper_available",
     "int8_rows_aligned",
@@ -104,6 +108,9 @@ _KV_PLAIN, _KV_TENSOR, _KV_TOKEN_HEAD = 0, 1, 2
 
 # The kernels run the softmax in base 2 (exp2 is one instruction).
 _LOG2E = 1.4426950408889634
+# int8_per_token_head caches on the int8 Hopper pass: the pass merges its own
+# partials (one launch, no reduce pass) wherever fusable_grid allows.
+INT8_FUSED_REDUCE = False
 
 
 @dataclass(frozen=True)
@@ -793,12 +800,15 @@ class SpecDecodeWorkspace(WorkspaceShape):
         )
         self.part_max = torch.empty(self.slots, dtype=torch.float32, device=device)
         self.part_sum = torch.empty(self.slots, dtype=torch.float32, device=device)
+        # The int8 Hopper pass's arrival counters when it merges its own partials:
+        # two a (request, kv head), zero between launches (it puts them back).
+        self.sync = torch.zeros(2 * max_tokens * num_heads, dtype=torch.int32, device=device)
 
     @property
     def nbytes(self) -> int:
         return sum(
             t.numel() * t.element_size()
-            for t in (self.part_out, self.part_max, self.part_sum)
+            for t in (self.part_out, self.part_max, self.part_sum, self.sync)
         )
 
 
@@ -1023,6 +1033,13 @@ def spec_decode_attention(
                 f"spec-decode attention workspace holds {workspace.slots_per_head} "
                 f"token-segments per head, this batch needs {needed}"
             )
+    fused = int8_hopper is not None and plan.fused_reduce
+    if fused and not fusable_grid(plan, head_size, workspace.num_sms):
+        raise ValueError(
+            f"spec-decode attention: a fused-reduce plan whose grid {plan.split_grid} "
+            f"does not fit {workspace.num_sms} SMs at once or splits head size "
+            f"{head_size} unevenly"
+        )
     if int8_hopper is not None:
         int8_hopper.ws_split_int8(
             q,
@@ -1039,6 +1056,9 @@ def spec_decode_attention(
             plan.wg_q,
             plan.num_segments,
             plan.min_segment_tokens,
+            out,
+            workspace.sync,
+            fused,
         )
     elif plan.kernel == "hopper" and hopper is not None:
         hopper.ws_split(
@@ -1068,7 +1088,8 @@ def spec_decode_attention(
             q_descale, k_descale if per_tensor else None, v_descale if per_tensor else None,
             tiles,
         )
-    launch_reduce(out, cu_seqlens_q, max_query_len, workspace, plan)
+    if not fused:
+        launch_reduce(out, cu_seqlens_q, max_query_len, workspace, plan)
     return plan
 
 
@@ -1097,7 +1118,11 @@ def plan_for_cache(
                 num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace
             )
             if plan.kernel == "hopper":
-                return plan
+                return dataclasses.replace(
+                    plan,
+                    fused_reduce=INT8_FUSED_REDUCE
+                    and fusable_grid(plan, head_size, workspace.num_sms),
+                )
         kernel = "triton"
     return plan_launch(
         num_seqs, max_query_len, num_heads, num_kv_heads, head_size, workspace,

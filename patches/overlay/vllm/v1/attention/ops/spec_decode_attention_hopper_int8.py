@@ -60,7 +60,7 @@ from vllm.v1.attention.ops.spec_decode_attention_plan import (
     int8_hopper_unsupported,
 )
 
-__all__ = ["int8_hopper_unsupported", "ws_split_int8"]
+__all__ = ["int8_hopper_unsupported", "merge_layout", "ws_split_int8"]
 
 # Triton 3.9 renamed the TMA load; 3.6 and 3.7 have only the old name.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -664,19 +664,104 @@ def _consume8_second(q_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, qh_smem, q
 
 
 @gluon.jit
+def _segments_met(sync_ptr, ARRIVALS: gl.constexpr):
+    """Returns once all ARRIVALS programs of this (request, kv head) have called it.
+    Each adds one to sync_ptr[0]; the last sets it back to 0 and then moves the
+    generation sync_ptr[1] on, which the others wait to see change. So the pair
+    needs no reset between launches (graph replays included), whatever the segment
+    count of the next. A scalar atomic runs on one thread; the barriers order the
+    partition's partial stores before it and its loads after."""
+    _partition_barrier()
+    gen = gl.atomic_add(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+    # Release: this program's partials (and the generation read above) before the count.
+    n = gl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu")
+    if n == ARRIVALS - 1:
+        gl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
+        gl.atomic_add(sync_ptr + 1, 1, sem="release", scope="gpu")
+    else:
+        seen = gen
+        while seen == gen:
+            seen = gl.atomic_add(sync_ptr + 1, 0, sem="acquire", scope="gpu")
+    _partition_barrier()
+
+
+@gluon.jit
+def _merge_columns(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, seq, kv_head, seg,
+                   q_start, q_len, max_q, stride_o_tok, stride_o_head,
+                   NUM_HEADS: gl.constexpr, G: gl.constexpr, TILE_Q: gl.constexpr,
+                   NUM_SEGMENTS: gl.constexpr, HEAD: gl.constexpr, L3: gl.constexpr):
+    """The reduce pass's merge, for this program's HEAD / NUM_SEGMENTS columns of every
+    row of its (request, kv head): the segments' weights from their maxima and sums,
+    and the weighted mean of their partial outputs, stored as the output. All the
+    segments of a row chunk are loaded at once (L3: [rows, segments, columns]); a
+    segment none of a row's keys fell in has sum 0 and weight 0, and its unwritten
+    partial (anything, NaN too) is never multiplied in."""
+    COLS: gl.constexpr = HEAD // NUM_SEGMENTS
+    RC: gl.constexpr = 32
+    l2: gl.constexpr = gl.SliceLayout(2, L3)
+    lo: gl.constexpr = gl.SliceLayout(1, L3)
+    rows = gl.minimum(q_len, TILE_Q) * G
+    r_w = gl.arange(0, RC, layout=gl.SliceLayout(1, l2))
+    s_w = gl.arange(0, NUM_SEGMENTS, layout=gl.SliceLayout(0, l2))
+    r_o = gl.arange(0, RC, layout=gl.SliceLayout(1, lo))
+    c_o = gl.arange(0, COLS, layout=gl.SliceLayout(0, lo)) + seg * COLS
+    c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, lo)), 0),
+                        1) + seg * COLS
+    for r0 in gl.static_range(0, TILE_Q * G, RC):
+        r = r0 + r_w
+        ok = r < rows
+        slot = (((seq * max_q + r // G).to(gl.int64) * NUM_HEADS + kv_head * G + r % G)
+                * NUM_SEGMENTS)
+        idx = slot[:, None] + s_w[None, :]
+        m = gl.load(part_max_ptr + idx, mask=ok[:, None], other=-1.0e30,
+                    cache_modifier=".cg")
+        lsum = gl.load(part_sum_ptr + idx, mask=ok[:, None], other=0.0, cache_modifier=".cg")
+        part = gl.load(part_out_ptr + gl.expand_dims(idx, 2) * HEAD + c3,
+                       mask=gl.expand_dims(ok[:, None], 2), other=0.0, cache_modifier=".cg")
+        top = gl.max(m, axis=1)
+        w = gl.exp2(m - top[:, None]) * lsum
+        w3 = gl.expand_dims(w, 2)
+        acc = gl.sum(gl.where(w3 > 0.0, w3 * part, 0.0), axis=1)
+        den = gl.convert_layout(gl.sum(w, axis=1), gl.SliceLayout(1, lo))
+        res = gl.where(den[:, None] > 0.0, acc / den[:, None], 0.0)
+        ro = r0 + r_o
+        tok = (q_start + ro // G).to(gl.int64)
+        head = kv_head * G + ro % G
+        gl.store(out_ptr + tok[:, None] * stride_o_tok + (head * stride_o_head)[:, None]
+                 + c_o[None, :], res.to(out_ptr.dtype.element_ty),
+                 mask=(ro < rows)[:, None])
+
+
+def merge_layout(num_segments: int, head: int) -> gl.BlockedLayout:
+    """_merge_columns' [rows, segments, columns] layout for four warps: 16-byte column
+    vectors where a program's columns allow, a warp across segments and columns."""
+    cols = head // num_segments
+    vec = min(4, cols)
+    t_col = min(cols // vec, 32)
+    t_seg = min(num_segments, 32 // t_col)
+    return gl.BlockedLayout([1, 1, vec], [32 // (t_col * t_seg), t_seg, t_col], [4, 1, 1],
+                            [2, 1, 0])
+
+
+@gluon.jit
 def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc, kt_desc,
                           sc_desc, block_table_ptr, seq_lens_ptr, cu_seqlens_q_ptr, qk_scale,
                           min_seg_tokens, max_q, stride_q_tok, stride_q_head, stride_bt,
-                          rows_per_block, stride_kv_head, NUM_HEADS: gl.constexpr,
+                          rows_per_block, stride_kv_head, out_ptr, sync_ptr, stride_o_tok,
+                          stride_o_head, NUM_HEADS: gl.constexpr,
                           G: gl.constexpr, BLOCK_SIZE: gl.constexpr, WG_Q: gl.constexpr,
                           NUM_WG: gl.constexpr, TILE_N: gl.constexpr, BOX_T: gl.constexpr,
                           NUM_SEGMENTS: gl.constexpr, STAGES: gl.constexpr,
-                          HEAD: gl.constexpr, LAZY: gl.constexpr):
+                          HEAD: gl.constexpr, LAZY: gl.constexpr, FUSE: gl.constexpr,
+                          MERGE_LAYOUT: gl.constexpr):
     """Grid (num_seqs, num_kv_heads, NUM_SEGMENTS): one query tile a request (q <=
     WG_Q x NUM_WG), segments split as the Triton split pass splits them. kt_desc is
     not copied through (K's tail comes with V's first chunk); the query's tail tiles
     take its 32-byte swizzle, and the launch keeps the argument list the H200 runs
-    were measured with."""
+    were measured with. FUSE (a cooperative launch, every program resident): the
+    programs of a (request, kv head) wait for each other after their partials, then
+    each merges its share of the columns into out, and no reduce pass follows.
+    Without it out, sync and their strides are not read."""
     seq = gl.program_id(0)
     kv_head = gl.program_id(1)
     seg = gl.program_id(2)
@@ -792,6 +877,11 @@ def _ws_split_int8_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, q_ptr, desc,
                 (_widener8, (bufs, sc_bufs, vbf, vbft, scv, ready, empty, vbars, n_tiles, k_at,
                              v_at, kv_lo, kv_hi, STAGES)),
             ], [1, 4], [LOADER_REGS, WIDENER_REGS])
+    if FUSE:
+        _segments_met(sync_ptr + (seq * NUM_HEADS + kv_head) * 2, NUM_SEGMENTS)
+        _merge_columns(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, seq, kv_head, seg,
+                       q_start, q_len, max_q, stride_o_tok, stride_o_head, NUM_HEADS, G,
+                       WG_Q * NUM_WG, NUM_SEGMENTS, HEAD, MERGE_LAYOUT)
 
 
 def _descriptors(
@@ -831,11 +921,17 @@ def ws_split_int8(
     wg_q: int,
     num_segments: int,
     min_segment_tokens: int,
+    out: torch.Tensor,
+    sync: torch.Tensor,
+    fuse: bool,
 ) -> None:
     """The split pass into the partials (qk_scale includes log2(e)); the reduce pass
-    of spec_decode_attention.py turns them into the output. One query tile a request
-    (max_query_len <= num_wg x wg_q); two consumer warpgroups rescale lazily (measured
-    faster there from 16k, and the same at one)."""
+    of spec_decode_attention.py turns them into the output, or with fuse the pass
+    merges them into out itself (a cooperative launch: the caller has checked that
+    every program fits at once, fusable_grid). sync: zeroed int32, two a (request,
+    kv head), kept between launches. One query tile a request (max_query_len <=
+    num_wg x wg_q); two consumer warpgroups rescale lazily (measured faster there
+    from 16k, and the same at one)."""
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     desc, kt_desc, sc_desc, rows_per_block, s_head = _descriptors(key_cache)
@@ -843,8 +939,11 @@ def ws_split_int8(
     _ws_split_int8_kernel[grid](
         part_out, part_max, part_sum, q, desc, kt_desc, sc_desc, block_table, seq_lens,
         cu_seqlens_q, qk_scale, min_segment_tokens, max_query_len, q.stride(0), q.stride(1),
-        block_table.stride(0), rows_per_block, s_head,
+        block_table.stride(0), rows_per_block, s_head, out, sync, out.stride(0),
+        out.stride(1),
         NUM_HEADS=num_heads, G=num_heads // num_kv_heads, BLOCK_SIZE=block_size, WG_Q=wg_q,
         NUM_WG=num_wg, TILE_N=TILE_N, BOX_T=BOX_T, NUM_SEGMENTS=num_segments,
-        STAGES=STAGES, HEAD=head_size, LAZY=num_wg == 2, num_warps=4, maxnreg=MAXNREG,
+        STAGES=STAGES, HEAD=head_size, LAZY=num_wg == 2, FUSE=fuse,
+        MERGE_LAYOUT=merge_layout(num_segments, head_size) if fuse else None,
+        num_warps=4, maxnreg=MAXNREG, launch_cooperative_grid=fuse,
     )

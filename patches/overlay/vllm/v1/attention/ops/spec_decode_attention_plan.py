@@ -48,6 +48,9 @@ class LaunchPlan:
     kernel: str = "triton"
     num_wg: int = 0
     wg_q: int = 0
+    # The int8 Hopper pass merges its own partials into the output (a cooperative
+    # launch, no reduce pass): see fusable_grid.
+    fused_reduce: bool = False
 
 
 def _next_pow2(n: int) -> int:
@@ -323,6 +326,17 @@ def plan_launch(
         split_grid=(num_seqs * q_tiles, num_kv_heads, num_segments),
         reduce_grid=reduce_grid,
     )
+
+
+def fusable_grid(plan: LaunchPlan, head_size: int, num_sms: int) -> bool:
+    """Whether the int8 Hopper pass may merge its partials itself under this plan:
+    its programs wait for each other, so all of them must be resident at once (one
+    a streaming multiprocessor: each takes most of one's shared memory, and the
+    cooperative launch refuses a grid that does not fit), and each takes a whole
+    share of head_size's columns."""
+    programs = plan.split_grid[0] * plan.split_grid[1] * plan.split_grid[2]
+    return (plan.kernel == "hopper" and plan.q_tiles == 1 and programs <= num_sms
+            and head_size % plan.num_segments == 0)
 
 
 def box_tokens(block_size: int, tile_n: int) -> int | None:
