@@ -468,9 +468,11 @@ def check_int8_hopper_choice(device: str) -> dict[str, Any]:
     calls: list[dict[str, Any]] = []
 
     def ws_split_int8(q: Any, key_cache: Any, *args: Any) -> None:
-        num_wg, wg_q, num_segments, min_segment_tokens = args[-4:]
+        # ws_split_int8's arguments after the partials (spec_decode_attention passes
+        # them by position).
+        num_wg, wg_q, num_segments, min_segment_tokens, _out, _sync, fuse = args[8:15]
         calls.append({"num_wg": num_wg, "wg_q": wg_q, "num_segments": num_segments,
-                      "min_segment_tokens": min_segment_tokens,
+                      "min_segment_tokens": min_segment_tokens, "fuse": fuse,
                       "key_cache_is_the_batchs": key_cache.data_ptr()})
 
     seen: list[str] = []
@@ -503,6 +505,7 @@ def check_int8_hopper_choice(device: str) -> dict[str, Any]:
             used, _ = run(batch, ws)
             result[f"q{q}"] = {"kernel": used.kernel, "num_wg": used.num_wg,
                                "reduce_grid": used.reduce_grid,
+                               "fused_reduce": used.fused_reduce,
                                "launched": calls[before:],
                                "batch_key_cache": batch.key_cache.data_ptr()}
         batch = ref.make_int8_batch([8], [300], kvh, g, hs, 8, torch.bfloat16, device, 808)
@@ -519,6 +522,7 @@ def check_int8_hopper_choice(device: str) -> dict[str, Any]:
         plain = sda.plan_for_cache(1, 8, kvh * g, kvh, hs, workspace(False),
                                    batch.key_cache, True, sda.TILE_PLANS["int8"])
         result["int8_without_hopper_plan"] = [plain.kernel, plain.tile_n, plain.num_stages]
+        result["fused_reduce_default"] = sda.INT8_FUSED_REDUCE
     finally:
         logging.getLogger("vllm").removeHandler(handler)
         sda._GLUON_MODULES.clear()

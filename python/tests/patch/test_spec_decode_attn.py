@@ -213,7 +213,8 @@ def test_int8_caches_take_the_int8_hopper_pass_where_it_can_address_them(
     """With Hopper split passes (a workspace told so; the pass itself is a stand-in off an
     sm_90 GPU) an int8_per_token_head cache at the model's shape goes to the int8 Hopper
     pass on the Hopper planner's plan (one warpgroup at q = 8, two at q = 16; 32 segments),
-    with the batch's own cache, and the shared reduce pass runs after it. A cache it cannot
+    with the batch's own cache, and the shared reduce pass runs after it unless the pass
+    merges its own partials (the series' INT8_FUSED_REDUCE says which). A cache it cannot
     address (8-token blocks against its 16-token boxes) is a warning that names the reason,
     then the Triton split pass with the int8 tile plan, whose output matches the reference.
     fp8 caches keep the Triton pass; so do int8 ones where no Hopper pass runs."""
@@ -225,6 +226,9 @@ def test_int8_caches_take_the_int8_hopper_pass_where_it_can_address_them(
         (launch,) = row["launched"]
         assert launch["num_wg"] == num_wg and launch["num_segments"] == 32, row
         assert launch["key_cache_is_the_batchs"] == row["batch_key_cache"], row
+        # The pass merges its own partials as the series' default says (the grid, 4 x 32
+        # programs, fits an H200's 132 SMs), and is told so.
+        assert row["fused_reduce"] == choice["fused_reduce_default"] == launch["fuse"], row
     blk8 = choice["blocks_of_8"]
     assert blk8["kernel"] == "triton" and blk8["launched"] == [], blk8
     assert (blk8["tile_n"], blk8["num_stages"]) == (32, 3), blk8
