@@ -109,7 +109,9 @@ _KV_PLAIN, _KV_TENSOR, _KV_TOKEN_HEAD = 0, 1, 2
 # The kernels run the softmax in base 2 (exp2 is one instruction).
 _LOG2E = 1.4426950408889634
 # int8_per_token_head caches on the int8 Hopper pass: the pass merges its own
-# partials (one launch, no reduce pass) wherever fusable_grid allows.
+# partials (one launch, no reduce pass) wherever fusable_grid allows. Off: on an
+# H100 it was as exact and 1.8-2.4 us a call slower at q = 8 (qwen3090's
+# spec_decode_attn.md, session 36).
 INT8_FUSED_REDUCE = False
 
 
