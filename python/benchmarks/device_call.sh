@@ -6,9 +6,9 @@
 # (a call returns only a few files, and a call cut off at its limit keeps the last one).
 # Steps, most needed first (a short call keeps what finished):
 #   worker    the series' split passes checked on the GPU against the float32 reference;
-#             every int8 case also with the int8 Hopper pass merging its own partials
-#             (fused: a cooperative launch, no reduce pass; repeated, bit for bit) and
-#             with the reduce pass (separate)
+#             every int8 case also with the other merge of the int8 Hopper pass's partials
+#             (while the series keeps the reduce pass: fused, a cooperative launch,
+#             repeated bit for bit, counters left at 0)
 #   sda1      the series as vLLM dispatches it, against stock, q = 4, 8 and 16, batch 1:
 #             the cells issue 21's targets are set in (they are set for the H200); each
 #             cell checks its output against the float32 reference, and where the int8

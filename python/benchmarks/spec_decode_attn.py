@@ -274,7 +274,7 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
     floor = cell.kv_bytes / copy_bw
     # Both kernels against the float32 reference of the dequantized cache (and query).
     want = env["ref"].reference(batches[0], HEAD_SIZE**-0.5)
-    other = other_reduce(env, cell, q, ws, batches, plan, want)
+    other = other_reduce(env, cell, ws, batches, plan, want)
     return {
         "kv": cell.kv,
         "batch": cell.batch,
@@ -299,8 +299,8 @@ def run_cell(env: dict[str, Any], cell: Cell, q: int, ws: Any, copy_bw: float) -
     }
 
 
-def other_reduce(env: dict[str, Any], cell: Cell, q: int, ws: Any, batches: list[Any],
-                 plan: Any, want: Any) -> dict[str, Any]:
+def other_reduce(env: dict[str, Any], cell: Cell, ws: Any, batches: list[Any], plan: Any,
+                 want: Any) -> dict[str, Any]:
     """Where the int8 Hopper pass can merge its own partials (fusable_grid), the cell
     again with the other choice than the production plan's (the pass's merge against
     the reduce pass), timed right after it on the same batches: its time and error."""
@@ -920,8 +920,6 @@ def main() -> int:
         r["floor_us"] = r["kv_bytes"] / copy_bw * 1e6
         r["pct_floor"] = 100 * r["floor_us"] / r["new_us"]
         r["stock_pct_floor"] = 100 * r["floor_us"] / r["stock_us"]
-        if "other_us" in r:
-            r["other_pct_floor"] = 100 * r["floor_us"] / r["other_us"]
     lines = [
         f"card: {card}; measured copy bandwidth {copy_bw / 1e12:.2f} TB/s; {software}",
         "",

@@ -172,9 +172,10 @@ def run_kernel_cases(device: str, results: dict[str, Any]) -> None:
             head_size=head_size, device=torch.device(device),
             num_sms=8 if device == "cpu" else 132, hopper=hopper,
         )
-        # On sm_90 the int8 Hopper split pass as planned, then with its partials merged by
-        # itself and by the reduce pass, and the Triton one.
-        for kernel in [None, "fused", "separate", "triton"] if hopper else kernels:
+        # On sm_90 the int8 Hopper split pass as planned, then with the other merge of its
+        # partials (by itself, "fused", or by the reduce pass), and the Triton one.
+        other = "separate" if sda.INT8_FUSED_REDUCE else "fused"
+        for kernel in [None, other, "triton"] if hopper else kernels:
             key = f"{name}/int8" + (f"/{kernel}" if kernel else "")
             results["kernel"][key] = run_case(
                 sda, ref, batch, ws, kernel, segments, False, qlens, kvlens, "int8"
