@@ -886,6 +886,36 @@ def test_keys_as_m_tile_compiles_without_spills(tmp_path: Path) -> None:
 
 
 @pytest.mark.patch
+def test_fused_tail_benchmark_compiles_the_series_barrier_and_merge(
+    patched_cpu_tree: Path, tmp_path: Path
+) -> None:
+    """benchmarks/fused_tail.py (session 37) times the fused merge's parts alone: each
+    variant compiles for sm_90a from the series' own helpers, holds the split pass's
+    shared memory (one program an SM, as in the real launch), and has exactly the parts
+    it names: the barrier's five single-thread atomics only where it meets, the merge's
+    16-byte partial loads only where it merges (more row chunks at longer verify)."""
+    out = tmp_path / "tail.json"
+    env = {**os.environ, "PYTHONPATH": str(_dist_dir(tmp_path / "dist"))}
+    proc = subprocess.run([sys.executable, str(worker.BENCH_DIR / "fused_tail.py"), "--tree",
+                           str(patched_cpu_tree), "--compile-only", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = json.loads(out.read_text())
+    assert {(r["q"], r["variant"]) for r in reports} == {
+        (q, v) for q in (4, 8, 16) for v in ("empty", "empty-coop", "barrier", "merge", "both")}
+    loads: dict[int, int] = {}
+    for r in reports:
+        assert r["one_an_sm"] and r["stack_ops"] == 0, r
+        meets, merges = r["variant"] in ("barrier", "both"), r["variant"] in ("merge", "both")
+        assert sorted(r["atomics"]) == (
+            sorted(["relaxed", "acq_rel", "relaxed", "release", "acquire"]) if meets else []), r
+        assert (r["merge_loads_v4"] > 0) == merges, r
+        if r["variant"] == "merge":
+            loads[r["q"]] = r["merge_loads_v4"]
+    assert loads[4] < loads[8] < loads[16], loads
+
+
+@pytest.mark.patch
 def test_benchmark_8bit_sweep_runs_on_the_interpreter(
     patched_cpu_tree: Path, tmp_path: Path
 ) -> None:
