@@ -15,7 +15,8 @@
 #             Hopper pass can merge its own partials times the other choice right after
 #   sda4      the same at batch 4, 16k and 64k (eight segments a request)
 #   sda2      sda1 again, for the spread between two runs of one build
-# Session 34 ran the previous form of this call on an H100; session 36 wrote this one.
+# Session 34 ran the previous form of this call on an H100; session 36 wrote this one,
+# and session 37 ran its steps worker, sda1 and sda4 on an H100.
 set -u
 cd "$(dirname "$0")/../.."
 W=$(mktemp -d)
