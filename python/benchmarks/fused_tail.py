@@ -144,32 +144,6 @@ def compile_report(q: int, variant: str) -> dict[str, Any]:
             "merge_loads_v4": len(re.findall(r"ld\.global\.cg\.v4\.b32", ptx))}
 
 
-def _graph_us(torch: Any, call: Any, launches: int = 48) -> float:
-    """Median microseconds a launch, the launches captured in one CUDA graph."""
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(9):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / launches)
-    return float(sorted(times)[len(times) // 2])
-
-
 class _Cell:
     """One verify length's partials (random, as a split pass leaves them) and outputs."""
 
@@ -209,12 +183,17 @@ class _Cell:
 def device_run(queries: list[int], out: Path | None) -> int:
     import torch
 
+    # The benchmark's own graph timing: the launches in one CUDA graph, events around it.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from spec_decode_attn import _time_graph
+
     rows: list[dict[str, Any]] = []
     for q in queries:
         cell = _Cell(torch, q)
         row: dict[str, Any] = {"q": q}
         for variant in VARIANTS:
-            row[variant] = round(_graph_us(torch, functools.partial(cell.launch, variant)), 2)
+            call = functools.partial(cell.launch, variant)
+            row[variant] = round(_time_graph(torch, [call], min_calls=48) * 1e6, 2)
         ref = cell.outs["reduce"].float()
         for variant in ("merge", "both"):
             row[f"{variant}_max_diff"] = (cell.outs[variant].float() - ref).abs().max().item()
