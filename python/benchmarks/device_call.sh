@@ -5,6 +5,10 @@
 # Everything it writes comes back as one tarball, $OUT/r.tar.xz, re-made after each step
 # (a call returns only a few files, and a call cut off at its limit keeps the last one).
 # Steps, most needed first (a short call keeps what finished):
+#   tail      the fused merge's tail parts timed alone (fused_tail.py): empty launches,
+#             the barrier, the merge, both, and the series' reduce pass, q = 4, 8, 16
+#   inkernel  the same merge's parts inside the int8 Hopper pass (fused_tail.py --in-kernel):
+#             split pass alone, cooperative launch only, barrier only, merge only, fused
 #   worker    the series' split passes checked on the GPU against the float32 reference;
 #             every int8 case also with the other merge of the int8 Hopper pass's partials
 #             (while the series keeps the reduce pass: fused, a cooperative launch,
@@ -16,7 +20,7 @@
 #   sda4      the same at batch 4, 16k and 64k (eight segments a request)
 #   sda2      sda1 again, for the spread between two runs of one build
 # Session 34 ran the previous form of this call on an H100; session 36 wrote this one,
-# and session 37 ran its steps worker, sda1 and sda4 on an H100.
+# and session 37 ran its steps worker, sda1 and sda4 on an H100; session 38 added tail.
 set -u
 cd "$(dirname "$0")/../.."
 W=$(mktemp -d)
@@ -26,9 +30,9 @@ cat "$W/gpu.txt"
 T=$(mktemp -d) && tar xJf .device/sda-tree.tar.xz -C "$T"
 cd python
 finish() { (cd "$W" && tar cJf "$OUT/r.tmp" . && mv "$OUT/r.tmp" "$OUT/r.tar.xz"); }
-STEPS=" ${STEPS:-worker sda1 sda4 sda2} "   # STEPS="sda1" runs that step alone
+STEPS=" ${STEPS:-tail inkernel worker sda1 sda4 sda2} "   # STEPS="sda1" runs that step alone
 for s in $STEPS; do
-  [[ " worker sda1 sda4 sda2 " == *" $s "* ]] || { echo "STEPS: no step '$s'" >&2; exit 2; }
+  [[ " tail inkernel worker sda1 sda4 sda2 " == *" $s "* ]] || { echo "STEPS: no step '$s'" >&2; exit 2; }
 done
 step() {
   local name=$1 t0; t0=$(date +%s); shift
@@ -39,6 +43,9 @@ step() {
   finish
   grep -v '^INFO\|^WARNING' "$W/$name.log" | tail -n "${TAILN:-6}" | cut -c1-400
 }
+LIM=120 TAILN=24 step tail python3 benchmarks/fused_tail.py --tree "$T" --json "$W/tail.json"
+LIM=420 TAILN=14 step inkernel python3 benchmarks/fused_tail.py --tree "$T" --in-kernel \
+  --contexts 16384,65536 --json "$W/inkernel.json"
 S=(--kv int8 --contexts 16384,65536,131072 --budget 110 --queries 4,8,16)
 LIM=180 TAILN=4 step worker python3 tests/patch/spec_decode_worker.py --tree "$T" \
   --out "$W/worker.json" --device cuda --skip-dispatch

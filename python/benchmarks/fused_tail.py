@@ -19,17 +19,34 @@ shared memory, reserved), in CUDA-graph replay as the benchmark times a call:
 The merge's output is checked against the reduce pass's on the same partials. The
 series' helpers are imported from the tree, not copied, so this is the code that ships.
 
+Session 38 on an H100: the tail alone costs 2.3 / 3.9 / 5.2 us more than the reduce pass at
+q = 4 / 8 / 16, but inside the pass the fused form loses 0.2-0.8 / 2 / 21 us. So at q = 16
+most of the loss is not in the tail's own work. --in-kernel looks inside: the int8 Hopper
+pass on a real int8 cache (the benchmark's cells), each form in a process of its own, with
+the series' barrier or merge swapped for an empty function before the first compile:
+
+- separate: the production call (split pass, then the reduce pass);
+- split-only: the split pass alone, its partials left unmerged (plain launch);
+- coop-only: the fused build with neither barrier nor merge (the cooperative launch and
+  the build's other changes);
+- barrier-only, merge-only: one of the two (merge-only reads partials not yet all written:
+  a timing, not a result);
+- fused: the fused build as it ships (its error against the float32 reference checked).
+
     python benchmarks/fused_tail.py --tree TREE --compile-only   # sm_90a, no GPU
     python benchmarks/fused_tail.py --tree TREE [--json OUT]     # an H100/H200: us a launch
+    python benchmarks/fused_tail.py --tree TREE --in-kernel [--contexts 16384,65536] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -80,6 +97,22 @@ def _tail_kernel(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, sync_ptr, q_
         _merge_columns(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, seq, kv_head, seg,
                        0, q_len, max_q, stride_o_tok, stride_o_head, NUM_HEADS, GQ, TILE_Q,
                        NUM_SEGMENTS, HEAD_SIZE, L3)
+
+
+@gluon.jit
+def _no_barrier(sync_ptr, ARRIVALS: gl.constexpr):
+    pass
+
+
+@gluon.jit
+def _no_merge(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, seq, kv_head, seg, q_start,
+              q_len, max_q, stride_o_tok, stride_o_head, NUM_HEADS: gl.constexpr,
+              G: gl.constexpr, TILE_Q: gl.constexpr, NUM_SEGMENTS: gl.constexpr,
+              HEAD: gl.constexpr, L3: gl.constexpr):
+    pass
+
+
+IN_KERNEL = ("separate", "split-only", "coop-only", "barrier-only", "merge-only", "fused")
 
 
 def _kernel() -> Any:
@@ -214,6 +247,97 @@ def device_run(queries: list[int], out: Path | None) -> int:
     return 1 if bad else 0
 
 
+def in_kernel_form(form: str, contexts: list[int], queries: list[int]) -> list[dict[str, Any]]:
+    """One form of IN_KERNEL timed on the benchmark's int8 cells at batch 1 (this process
+    only: the swapped helpers must be in place before the kernel's first compile)."""
+    import dataclasses
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import spec_decode_attn as bench
+
+    from tests.support import spec_decode_ref as ref
+
+    bench.KV = "int8"
+    sda = importlib.import_module("vllm.v1.attention.ops.spec_decode_attention")
+    mod = _series()
+    # Looked up in the module's globals when the kernel compiles.
+    if form in ("coop-only", "merge-only"):
+        mod._segments_met = _no_barrier
+    if form in ("coop-only", "barrier-only"):
+        mod._merge_columns = _no_merge
+    env = {"torch": torch, "ref": ref, "sda": sda, "tua": None}
+    heads = bench.NUM_KV_HEADS * bench.GROUP
+    ws = sda.get_workspace(16, heads, bench.HEAD_SIZE, torch.device("cuda"))
+    rows = []
+    for context in contexts:
+        cell = bench.Cell(env, 1, context)
+        for q in queries:
+            batches = cell.batches(q)
+            plan = bench.production_plan(sda, batches[0], ws)
+            if plan.kernel != "hopper":
+                raise RuntimeError(f"q={q}: the production plan is {plan.kernel!r}, not the "
+                                   "int8 Hopper pass (an sm_90 GPU is needed)")
+            if form == "split-only":
+                plan = dataclasses.replace(plan, reduce_grid=None, fused_reduce=False)
+            elif form == "separate":
+                plan = dataclasses.replace(plan, fused_reduce=False)
+            else:
+                if not sda.fusable_grid(plan, bench.HEAD_SIZE, ws.num_sms):
+                    raise RuntimeError(f"q={q}: grid {plan.split_grid} cannot be fused here")
+                plan = dataclasses.replace(plan, fused_reduce=True)
+            outs = [torch.full(b.query.shape, float("nan"), dtype=torch.bfloat16,
+                               device="cuda") for b in batches]
+            calls = [bench.new_call(env, b, o, ws, plan=plan)
+                     for b, o in zip(batches, outs, strict=True)]
+            row: dict[str, Any] = {"form": form, "context": context, "q": q,
+                                   "us": round(bench._time_graph(torch, calls) * 1e6, 2)}
+            if form in ("separate", "fused"):
+                want = ref.reference(batches[0], bench.HEAD_SIZE**-0.5)
+                row["rel_err"] = bench.rel_err(outs[0], want)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def in_kernel_run(tree: str, contexts: list[int], queries: list[int],
+                  out: Path | None) -> int:
+    """Every form of IN_KERNEL in a process of its own, then one table: each form's time
+    and its difference from the split pass alone."""
+    rows: list[dict[str, Any]] = []
+    for n, form in enumerate(IN_KERNEL, 1):
+        print(f"[{n}/{len(IN_KERNEL)}] {form}", flush=True)
+        cmd = [sys.executable, __file__, "--tree", tree, "--in-kernel-form", form,
+               "--contexts", ",".join(map(str, contexts)),
+               "--queries", ",".join(map(str, queries))]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        got = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not got:
+            print(f"{form} failed (rc {done.returncode}):\n{done.stderr[-2000:]}", flush=True)
+            return 1
+        rows.extend(got)
+    by = {(r["form"], r["context"], r["q"]): r for r in rows}
+    print("\nus a call; in brackets, minus split-only (the split pass alone)\n")
+    print("| context | q | " + " | ".join(IN_KERNEL) + " | rel err separate / fused |")
+    print("|---:|---:|" + "---:|" * len(IN_KERNEL) + "---|")
+    for context in contexts:
+        for q in queries:
+            base = by[("split-only", context, q)]["us"]
+            cells = [f"{by[(f, context, q)]['us']:.1f}"
+                     + ("" if f == "split-only" else f" ({by[(f, context, q)]['us'] - base:+.1f})")
+                     for f in IN_KERNEL]
+            errs = (by[("separate", context, q)]["rel_err"], by[("fused", context, q)]["rel_err"])
+            print(f"| {context} | {q} | " + " | ".join(cells)
+                  + f" | {errs[0]:.2e} / {errs[1]:.2e} |")
+    if out:
+        out.write_text(json.dumps(rows, indent=1))
+    # The fused build as it ships must stay as close to the reference as the reduce pass.
+    bad = [r for r in rows if r["form"] == "fused"
+           and r["rel_err"] > 1.5 * by[("separate", r["context"], r["q"])]["rel_err"]]
+    return 1 if bad else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tree", required=True, help="directory that contains patched vllm/")
@@ -221,11 +345,24 @@ def main() -> int:
     parser.add_argument("--compile-only", action="store_true",
                         help="compile every variant for sm_90a and print its report")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--in-kernel", action="store_true",
+                        help="time the fused build's parts inside the int8 Hopper pass")
+    parser.add_argument("--in-kernel-form", choices=IN_KERNEL, help=argparse.SUPPRESS)
+    parser.add_argument("--contexts", default="16384,65536",
+                        help="comma-separated contexts for --in-kernel")
     args = parser.parse_args()
     sys.path.insert(0, args.tree)
+    # After the tree (its vllm must win): the test support the benchmark's cells use.
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
     queries = [int(q) for q in args.queries.split(",") if q]
     if any(not 1 <= q <= 2 * (64 // G) for q in queries):
         parser.error(f"--queries: each between 1 and {2 * (64 // G)}, got {args.queries!r}")
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    if args.in_kernel_form:
+        in_kernel_form(args.in_kernel_form, contexts, queries)
+        return 0
+    if args.in_kernel:
+        return in_kernel_run(args.tree, contexts, queries, args.json)
     if args.compile_only:
         reports = [compile_report(q, v) for q in queries for v in VARIANTS if v != "reduce"]
         for report in reports:
