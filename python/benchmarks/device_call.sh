@@ -20,7 +20,7 @@
 #   sda4      the same at batch 4, 16k and 64k (eight segments a request)
 #   sda2      sda1 again, for the spread between two runs of one build
 # Session 34 ran the previous form of this call on an H100; session 36 wrote this one,
-# and session 37 ran its steps worker, sda1 and sda4 on an H100; session 38 added tail.
+# and session 37 ran its steps worker, sda1 and sda4 on an H100; session 38 added tail and inkernel.
 set -u
 cd "$(dirname "$0")/../.."
 W=$(mktemp -d)
